@@ -1,0 +1,284 @@
+"""The kb.yaml schema, its defaults, and validation that fails with one clear line.
+
+Lookup order: --config, else $KB_CONFIG, else ./kb.yaml, else a default config that indexes the current
+git repository's docs and code.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from kb_assets.models import DOCUMENT_KINDS
+
+CONFIG_ENV = "KB_CONFIG"
+DATABASE_URL_ENV = "KB_DATABASE_URL"
+VOYAGE_KEY_ENV = "VOYAGE_API_KEY"
+GEMINI_KEY_ENVS = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
+
+DEFAULT_DOC_GLOBS = ["**/*.md", "**/*.rst", "**/*.txt"]
+SOURCE_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+
+
+class ConfigError(Exception):
+    """A configuration mistake: str() is one line naming the file, the key and the fix."""
+
+    def __init__(self, file: str, key: str, problem: str, fix: str):
+        self.file, self.key, self.problem, self.fix = file, key, problem, fix
+        super().__init__(f"{file}: {key}: {problem} — {fix}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LocalEmbedderSettings(_Strict):
+    model: str = "all-MiniLM-L6-v2"
+    batch_size: int = Field(32, ge=1, le=1024)
+    max_tokens: int = Field(256, ge=16)       # the model's window; chunks are cut to fit it
+
+
+class VoyageSettings(_Strict):
+    model: str = "voyage-3.5"
+    dimension: int = 1024
+    base_url: str | None = None              # for a proxy or a local mock server
+    max_texts_per_request: int = Field(1000, ge=1, le=1000)
+    max_tokens_per_request: int = Field(320_000, ge=1000)
+    max_tokens: int = Field(1024, ge=16)      # chunk window we cut to (the model accepts 32K per text)
+    max_attempts: int = Field(6, ge=1)
+    timeout_seconds: float = Field(60.0, gt=0)
+    price_per_million_tokens: float = 0.06
+
+
+class GeminiSettings(_Strict):
+    model: str = "gemini-flash-latest"
+    fallback_model: str = "gemini-flash-lite-latest"
+    base_url: str | None = None
+    temperature: float = 0.1
+    max_output_tokens: int = 2048
+    fallback_max_output_tokens: int = 8192
+    max_input_tokens: int = 200_000           # longer documents are split into segments and merged
+    max_attempts: int = Field(5, ge=1)
+    concurrency: int = Field(4, ge=1, le=64)
+    timeout_seconds: float = Field(120.0, gt=0)
+    max_failures_before_parking: int = Field(3, ge=1)
+    price_input_per_million_tokens: float = 0.30
+    price_output_per_million_tokens: float = 2.50
+
+
+class QuerySettings(_Strict):
+    documents_limit: int = Field(20, ge=1, le=200)
+    code_limit: int = Field(10, ge=0, le=200)
+    record_chars: int = Field(1000, ge=200)
+    vector_weight: float = Field(1.0, ge=0)
+    keyword_weight: float = Field(1.0, ge=0)
+    rrf_k: int = Field(60, ge=1)
+    candidate_window: int = Field(200, ge=10, le=2000)
+    per_document_chunks: int = Field(3, ge=1)
+    min_score: float = Field(0.0, ge=0)       # relevance threshold on the fused score (0: keep all)
+
+
+class SourceConfig(_Strict):
+    key: str
+    kind: Literal["adr", "doc", "session", "transcript", "readme", "agents_md", "memory", "work_item", "code"]
+    root: str
+    include: list[str] = Field(default_factory=list)
+    exclude: list[str] = Field(default_factory=list)
+    # committed content at HEAD (CI, sensors) or the working tree (local use)
+    content: Literal["worktree", "HEAD"] = "worktree"
+    max_file_bytes: int = Field(2_000_000, ge=1)
+    max_line_chars: int = Field(20_000, ge=80)
+    min_chars: int = Field(100, ge=0)
+    enabled: bool = True       # memory folders are opt-in: they must be enabled explicitly
+    # With kind "doc"/"code" mixed trees (the default source), files are classified per path.
+    auto_kind: bool = False
+
+    @field_validator("key")
+    @classmethod
+    def _key_ok(cls, v: str) -> str:
+        if not SOURCE_KEY_RE.match(v):
+            raise ValueError("must be 1-64 letters, digits, '_', '-' or '.' (it becomes a Dagster partition key)")
+        return v
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _globs_ok(cls, v: list[str]) -> list[str]:
+        for pattern in v:
+            if not pattern or pattern.count("[") != pattern.count("]") or "\0" in pattern:
+                raise ValueError(f"bad glob {pattern!r}")
+            try:
+                glob.translate(pattern, recursive=True, include_hidden=True)
+            except Exception as exc:  # pragma: no cover - translate rarely raises
+                raise ValueError(f"bad glob {pattern!r}: {exc}") from exc
+        return v
+
+
+class KbConfig(_Strict):
+    data_dir: str = ".kb"
+    database_url: str | None = None
+    embedder: Literal["local", "voyage"] = "local"
+    signposter: Literal["extractive", "gemini"] = "extractive"
+    local: LocalEmbedderSettings = Field(default_factory=LocalEmbedderSettings)
+    voyage: VoyageSettings = Field(default_factory=VoyageSettings)
+    gemini: GeminiSettings = Field(default_factory=GeminiSettings)
+    query: QuerySettings = Field(default_factory=QuerySettings)
+    embed_batch_rows: int = Field(500, ge=1, le=500)   # rows written and committed per batch
+    sources: list[SourceConfig] = Field(default_factory=list)
+
+    # Filled in by load_config, not read from YAML.
+    config_path: str = Field("<default>", exclude=True)
+    base_dir: str = Field(".", exclude=True)
+
+    def data_path(self) -> Path:
+        p = Path(self.data_dir)
+        return p if p.is_absolute() else Path(self.base_dir) / p
+
+    def source_root(self, source: SourceConfig) -> Path:
+        p = Path(os.path.expanduser(source.root))
+        return p if p.is_absolute() else (Path(self.base_dir) / p).resolve()
+
+    def source(self, key: str) -> SourceConfig:
+        for s in self.sources:
+            if s.key == key:
+                return s
+        raise ConfigError(self.config_path, "sources", f"no source with key {key!r}",
+                          f"use one of: {', '.join(s.key for s in self.sources) or '(none configured)'}")
+
+    def effective_database_url(self) -> str | None:
+        return os.environ.get(DATABASE_URL_ENV) or self.database_url
+
+    @property
+    def embedder_max_tokens(self) -> int:
+        return self.local.max_tokens if self.embedder == "local" else self.voyage.max_tokens
+
+
+def _loc_to_key(loc: tuple[Any, ...], data: dict[str, Any]) -> str:
+    parts: list[str] = []
+    node: Any = data
+    for item in loc:
+        if isinstance(item, int):
+            key = None
+            if isinstance(node, list) and 0 <= item < len(node) and isinstance(node[item], dict):
+                key = node[item].get("key")
+            parts.append(f"[{item}]" if key is None else f"[{key}]")
+            node = node[item] if isinstance(node, list) and 0 <= item < len(node) else None
+        else:
+            parts.append(("." if parts else "") + str(item))
+            node = node.get(item) if isinstance(node, dict) else None
+    return "".join(parts)
+
+
+def _fix_for(err: dict[str, Any]) -> str:
+    t = err.get("type", "")
+    loc = err.get("loc", ())
+    if t == "extra_forbidden":
+        field = loc[-1] if loc else "?"
+        return f"remove {field!r} or check its spelling against the kb.yaml reference in README.md"
+    if t == "literal_error":
+        return f"use one of {err.get('ctx', {}).get('expected', '')}"
+    if t == "missing":
+        return f"add {loc[-1]!r}"
+    return "see the kb.yaml reference in README.md"
+
+
+def parse_config(data: Any, *, path: str, base_dir: str) -> KbConfig:
+    """Validate a kb.yaml mapping; raise ConfigError with one line."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(path, "(top level)", "is not a mapping", "write keys such as 'sources:' at the top level")
+    try:
+        cfg = KbConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = _loc_to_key(tuple(err["loc"]), data) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        raise ConfigError(path, key, msg, _fix_for(err)) from None
+    cfg.config_path = path
+    cfg.base_dir = base_dir
+    seen: set[str] = set()
+    for i, s in enumerate(cfg.sources):
+        if s.key in seen:
+            raise ConfigError(path, f"sources[{i}].key", f"duplicate key {s.key!r}", "give each source a unique key")
+        seen.add(s.key)
+    return cfg
+
+
+def check_environment(cfg: KbConfig, *, need_sources: bool = True) -> None:
+    """Checks that need the outside world: roots exist, keys are set."""
+    if need_sources:
+        for s in cfg.sources:
+            if not s.enabled:
+                continue
+            root = cfg.source_root(s)
+            if not root.exists():
+                raise ConfigError(cfg.config_path, f"sources[{s.key}].root", f"{root} does not exist",
+                                  "fix the path (relative paths are relative to the config file)")
+            if not root.is_dir():
+                raise ConfigError(cfg.config_path, f"sources[{s.key}].root", f"{root} is not a folder",
+                                  "point root at a folder")
+    if cfg.embedder == "voyage" and not os.environ.get(VOYAGE_KEY_ENV):
+        raise ConfigError(cfg.config_path, "embedder", "is 'voyage' but VOYAGE_API_KEY is not set",
+                          "export VOYAGE_API_KEY=... or set 'embedder: local'")
+    if cfg.signposter == "gemini" and not any(os.environ.get(k) for k in GEMINI_KEY_ENVS):
+        raise ConfigError(cfg.config_path, "signposter", "is 'gemini' but GEMINI_API_KEY is not set",
+                          "export GEMINI_API_KEY=... or set 'signposter: extractive'")
+
+
+def _git_toplevel(cwd: Path) -> Path | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=cwd, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return Path(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
+
+
+def default_config(cwd: Path | None = None) -> KbConfig:
+    """No kb.yaml: index the current git repository's docs and code (or the current folder)."""
+    cwd = (cwd or Path.cwd()).resolve()
+    top = _git_toplevel(cwd) or cwd
+    data = {
+        "data_dir": str(top / ".kb"),
+        "sources": [
+            {"key": "docs", "kind": "doc", "root": str(top), "include": list(DEFAULT_DOC_GLOBS), "auto_kind": True},
+            {"key": "code", "kind": "code", "root": str(top), "exclude": list(DEFAULT_DOC_GLOBS)},
+        ],
+    }
+    return parse_config(data, path="<default config>", base_dir=str(top))
+
+
+def resolve_config_path(explicit: str | os.PathLike[str] | None = None) -> Path | None:
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get(CONFIG_ENV)
+    if env:
+        return Path(env)
+    here = Path.cwd() / "kb.yaml"
+    return here if here.exists() else None
+
+
+def load_config(explicit: str | os.PathLike[str] | None = None) -> KbConfig:
+    path = resolve_config_path(explicit)
+    if path is None:
+        return default_config()
+    if not path.exists():
+        raise ConfigError(str(path), "(file)", "does not exist", "create it or pass --config with the right path")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "(file)"
+        raise ConfigError(str(path), where, f"is not valid YAML ({getattr(exc, 'problem', exc)})",
+                          "fix the YAML syntax") from None
+    except UnicodeDecodeError:
+        raise ConfigError(str(path), "(file)", "is not UTF-8 text", "save it as UTF-8") from None
+    return parse_config(data, path=str(path), base_dir=str(path.resolve().parent))
