@@ -5,7 +5,7 @@ git repository's docs and code.
 """
 from __future__ import annotations
 
-import glob
+import fnmatch
 import os
 import re
 import subprocess
@@ -113,8 +113,8 @@ class SourceConfig(_Strict):
             if not pattern or pattern.count("[") != pattern.count("]") or "\0" in pattern:
                 raise ValueError(f"bad glob {pattern!r}")
             try:
-                glob.translate(pattern, recursive=True, include_hidden=True)
-            except Exception as exc:  # pragma: no cover - translate rarely raises
+                re.compile(fnmatch.translate(pattern))
+            except re.error as exc:
                 raise ValueError(f"bad glob {pattern!r}: {exc}") from exc
         return v
 

@@ -1,0 +1,387 @@
+"""The `kb` command: index, status, search, recall, show, eval, plan.
+
+Config mistakes print one line (file: key: problem — fix) and exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from kb_assets.config import ConfigError, KbConfig, load_config, resolve_config_path
+
+EXIT_CONFIG = 2
+
+
+def _load(args, *, need_sources: bool = True) -> KbConfig:
+    from kb_assets.config import check_environment
+
+    cfg = load_config(args.config)
+    check_environment(cfg, need_sources=need_sources)
+    return cfg
+
+
+def _connect(cfg: KbConfig):
+    from kb_assets.store.db import connect, open_database
+
+    return connect(open_database(cfg))
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+# ---------------------------------------------------------------- index
+class _RichProgress:
+    """Shows each stage of each source as a progress bar (terminal only)."""
+
+    def __init__(self, progress):
+        self._p = progress
+        self._task = None
+
+    def start(self, label, total=None):
+        self._task = self._p.add_task(label, total=total)
+
+    def advance(self, n=1):
+        if self._task is not None:
+            self._p.advance(self._task, n)
+
+    def done(self):
+        if self._task is not None:
+            task = self._p.tasks[[t.id for t in self._p.tasks].index(self._task)]
+            if task.total is not None:
+                self._p.update(self._task, completed=task.total)
+            self._task = None
+
+
+def cmd_index(args) -> int:
+    cfg = _load(args)
+    keys = [s.key for s in cfg.sources if s.enabled]
+    if args.source:
+        unknown = [k for k in args.source if k not in keys]
+        if unknown:
+            raise ConfigError(cfg.config_path, "sources", f"no enabled source with key {unknown[0]!r}",
+                              f"use one of: {', '.join(keys) or '(none)'}")
+        keys = [k for k in keys if k in args.source]
+    # The Dagster definitions read the config through $KB_CONFIG (partitions are the configured sources).
+    path = resolve_config_path(args.config)
+    if path is not None:
+        os.environ["KB_CONFIG"] = str(path.resolve())
+    _connect(cfg).close()  # start/migrate the database once, with a clear error if unreachable
+
+    import dagster as dg
+
+    from kb_assets.definitions import defs
+    from kb_assets.pipeline import progress as progress_mod
+
+    logging.getLogger("dagster").setLevel(logging.ERROR)
+    definitions = defs() if callable(defs) else defs
+    job = definitions.get_job_def("kb_index")
+    instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
+    run_config = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+    console = _console(stderr=True)
+    failures = []
+    started = time.perf_counter()
+    use_bars = sys.stderr.isatty() and not args.quiet
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, disable=not use_bars, transient=False)
+    with bars:
+        progress_mod.set_current(_RichProgress(bars) if use_bars else None)
+        try:
+            for key in keys:
+                if not use_bars and not args.quiet:
+                    console.print(f"indexing {key} …")
+                result = job.execute_in_process(partition_key=key, instance=instance, run_config=run_config,
+                                                raise_on_error=False)
+                if not result.success:
+                    failures.append((key, _first_error(result)))
+        finally:
+            progress_mod.set_current(None)
+    elapsed = time.perf_counter() - started
+    with _connect(cfg) as conn:
+        from kb_assets.store.status import source_status
+
+        rows = source_status(conn, keys)
+    if args.json:
+        print(json.dumps({"sources": [_run_summary(r) for r in rows], "seconds": round(elapsed, 2),
+                          "failures": [{"source": k, "error": e} for k, e in failures]}, indent=2, default=str))
+    elif not args.quiet:
+        _print_index_summary(console, rows, elapsed)
+    for key, err in failures:
+        console.print(f"[red]kb index: source {key!r} failed:[/red] {err}")
+    return 1 if failures else 0
+
+
+def _first_error(result) -> str:
+    for event in result.all_events:
+        if event.is_failure and event.event_specific_data is not None:
+            err = getattr(event.event_specific_data, "error", None)
+            if err is not None:
+                cause = err
+                while getattr(cause, "cause", None) is not None:
+                    cause = cause.cause
+                return cause.message.strip().splitlines()[-1] if cause.message else str(cause)
+    return "run failed (see Dagster logs)"
+
+
+def _run_summary(row: dict) -> dict:
+    last = row.get("last_run") or {}
+    return {
+        "source": row["source"], "documents": row["documents"], "chunks": row["chunks"],
+        "embedded": row["embedded"], "signposted": row["signposted"], "skipped": row["skipped"],
+        "skip_reasons": row["skip_reasons"], "indexed_commit": row["indexed_commit"],
+        "this_run": {stage: last.get(stage, {}) for stage in ("documents", "chunks", "embeddings", "signposts")},
+    }
+
+
+def _print_index_summary(console, rows, elapsed) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"kb index — {elapsed:.1f} s", title_justify="left")
+    for col in ("source", "new", "changed", "unchanged", "deleted", "skipped", "chunks", "embedded now",
+                "signposted now", "documents", "commit"):
+        t.add_column(col, justify="right" if col not in ("source", "commit") else "left")
+    for r in rows:
+        last = r.get("last_run") or {}
+        d = last.get("documents", {})
+        e = last.get("embeddings", {})
+        s = last.get("signposts", {})
+        t.add_row(r["source"], str(d.get("new", 0)), str(d.get("changed", 0)), str(d.get("unchanged", 0)),
+                  str(d.get("deleted", 0)), str(r["skipped"]), str(r["chunks"]), str(e.get("chunks_embedded", 0)),
+                  str(s.get("generated", 0)), str(r["documents"]), (r["indexed_commit"] or "-")[:10])
+    console.print(t)
+
+
+# ---------------------------------------------------------------- status
+def cmd_status(args) -> int:
+    cfg = _load(args, need_sources=False)
+    with _connect(cfg) as conn:
+        from kb_assets.store.status import source_status
+
+        configured = [s.key for s in cfg.sources]
+        rows = source_status(conn, None)
+        failures = {}
+        try:
+            from kb_assets.signposts.runner import signpost_failures
+
+            for r in rows:
+                failures[r["source"]] = signpost_failures(conn, r["source"])
+        except ImportError:
+            pass
+    for r in rows:
+        r["configured"] = r["source"] in configured
+        r["signpost_failures"] = failures.get(r["source"], [])
+    never = [k for k in configured if k not in {r["source"] for r in rows}]
+    if args.json:
+        print(json.dumps({"sources": rows, "never_indexed": never}, indent=2, default=str))
+        return 0
+    console = _console()
+    from rich.table import Table
+
+    t = Table(title="kb status", title_justify="left")
+    for col in ("source", "kind", "documents", "chunks", "embedded", "signposted", "skipped", "indexed commit",
+                "fresh", "last run"):
+        t.add_column(col)
+    for r in rows:
+        fresh = {True: "yes", False: "[yellow]behind HEAD[/yellow]", None: "-"}[r["fresh"]]
+        t.add_row(r["source"], r["kind"], str(r["documents"]), str(r["chunks"]), str(r["embedded"]),
+                  str(r["signposted"]), str(r["skipped"]), (r["indexed_commit"] or "-")[:10], fresh,
+                  (r["last_run_at"] or "-")[:19])
+    console.print(t)
+    for r in rows:
+        if r["skip_reasons"]:
+            reasons = ", ".join(f"{k}: {v}" for k, v in sorted(r["skip_reasons"].items()))
+            console.print(f"{r['source']}: skipped — {reasons}")
+            for s in r["skipped_files"][: args.show_skipped]:
+                console.print(f"    {s['path']}  [dim]{s['reason']}: {s['detail']}[/dim]")
+        for f in r["signpost_failures"][:10]:
+            console.print(f"{r['source']}: signpost failing — {f}")
+    for k in never:
+        console.print(f"{k}: configured, never indexed (run `kb index --source {k}`)")
+    return 0
+
+
+# ---------------------------------------------------------------- search (plain chunk search)
+def cmd_search(args) -> int:
+    cfg = _load(args, need_sources=False)
+    from kb_assets.query.chunk_search import search_chunks
+
+    with _connect(cfg) as conn:
+        hits = search_chunks(conn, cfg, args.query, limit=args.limit)
+    if args.json:
+        print(json.dumps({"query": args.query, "chunks": hits}, indent=2, default=str))
+        return 0
+    console = _console()
+    for h in hits:
+        console.print(f"[bold]{h['score']:.4f}[/bold] {h['source']}:{h['path']}:{h['start_line']}-{h['end_line']}"
+                      f"  [dim]{h['heading']}[/dim]")
+        console.print("    " + h["text"][:240].replace("\n", " "))
+    return 0
+
+
+# ---------------------------------------------------------------- recall / show / eval / plan
+def _filters(args) -> dict:
+    return {"source": args.source, "kind": args.kind, "tag": args.tag, "path_prefix": args.path_prefix,
+            "since": args.since, "until": args.until}
+
+
+def cmd_recall(args) -> int:
+    from kb_assets.query import recall
+
+    cfg = _load(args, need_sources=False)
+    common = dict(config=cfg, limit=args.limit, code_limit=args.code_limit, include_passage=args.passage,
+                  **_filters(args))
+    if args.queries:
+        if args.query:
+            raise ConfigError("(command line)", "QUERY", "given together with --queries", "use one or the other")
+        with open(args.queries, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    item = json.loads(line)
+                    qid, q = item.get("id", item.get("_id")), item.get("query", item.get("text"))
+                except (json.JSONDecodeError, AttributeError):
+                    qid, q = None, None
+                if not q:
+                    print(json.dumps({"id": None, "line": n, "error": "expected {\"id\", \"query\"}"}))
+                    continue
+                out = recall(q, **common).to_dict()
+                out["id"] = qid
+                print(json.dumps(out, default=str) if args.json else out)
+        return 0
+    if not args.query:
+        raise ConfigError("(command line)", "QUERY", "missing", "give a query, several queries, or --queries FILE")
+    result = recall(args.query if len(args.query) > 1 else args.query[0], **common)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        print(result.render_text())
+    return 0
+
+
+def cmd_show(args) -> int:
+    from kb_assets.query import show
+
+    cfg = _load(args, need_sources=False)
+    doc = show(args.id, config=cfg)
+    if doc is None:
+        print(f"kb show: no document {args.id}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        print(doc.get("rendered") or f"# {doc.get('title')}\n\n{doc.get('text', '')}")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from kb_assets.query.evaluate import run_eval
+
+    cfg = _load(args, need_sources=False)
+    report = run_eval(cfg, queries_path=args.queries, qrels_path=args.qrels, modes=args.mode,
+                      doc_key=args.doc_key)
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        import pandas as pd
+
+        print(pd.DataFrame(report["metrics"]).T.round(4).to_string())
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from kb_assets.plan import plan
+
+    cfg = _load(args)
+    report = plan(cfg)
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+        return 0
+    import pandas as pd
+
+    print(pd.DataFrame(report["sources"]).to_string(index=False))
+    print(f"\nestimated total: ${report['total_usd']:.4f}  "
+          f"(embedder {cfg.embedder}, signposter {cfg.signposter}; prices are settings in kb.yaml)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kb", description="kb_assets: a knowledge layer for AI coding agents")
+    sub = p.add_subparsers(dest="verb", required=True)
+
+    def add(name, fn, help_):
+        sp = sub.add_parser(name, help=help_)
+        sp.add_argument("--config", help="kb.yaml (default: $KB_CONFIG, ./kb.yaml, else this git repository)")
+        sp.set_defaults(fn=fn)
+        return sp
+
+    sp = add("index", cmd_index, "index the configured sources (runs the Dagster assets in-process)")
+    sp.add_argument("--source", action="append", help="only this source key (repeatable)")
+    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--quiet", action="store_true")
+
+    sp = add("status", cmd_status, "per-source counts, skips with reasons, freshness")
+    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--show-skipped", type=int, default=10, help="skipped files listed per source")
+
+    sp = add("search", cmd_search, "plain hybrid chunk search")
+    sp.add_argument("query")
+    sp.add_argument("--limit", type=int, default=10)
+    sp.add_argument("--json", action="store_true")
+
+    sp = add("recall", cmd_recall, "signposts for a question: documents and code, budgeted")
+    sp.add_argument("query", nargs="*", help="one or more queries (their union is returned)")
+    sp.add_argument("--queries", help="JSONL file of {\"id\", \"query\"}: one JSON line out per query")
+    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--limit", type=int)
+    sp.add_argument("--code-limit", type=int)
+    sp.add_argument("--passage", action="store_true", help="add the best matching passage to each record")
+    sp.add_argument("--source", action="append")
+    sp.add_argument("--kind", action="append")
+    sp.add_argument("--tag", action="append")
+    sp.add_argument("--path-prefix")
+    sp.add_argument("--since", help="YYYY-MM-DD")
+    sp.add_argument("--until", help="YYYY-MM-DD")
+
+    sp = add("show", cmd_show, "the whole document behind a kb:<id>")
+    sp.add_argument("id")
+    sp.add_argument("--json", action="store_true")
+
+    sp = add("eval", cmd_eval, "retrieval quality: nDCG@10, Recall@1/5/10/100, MRR@10")
+    sp.add_argument("--queries", required=True)
+    sp.add_argument("--qrels", required=True)
+    sp.add_argument("--mode", action="append", choices=["hybrid", "vector", "keyword"])
+    sp.add_argument("--doc-key", default="stem", choices=["stem", "path", "id"],
+                    help="how qrels corpus ids name documents (stem: file name without extension)")
+    sp.add_argument("--json", action="store_true")
+
+    sp = add("plan", cmd_plan, "estimate files, chunks, tokens and dollars before anything is spent")
+    sp.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args) or 0
+    except ConfigError as exc:
+        print(f"kb: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        print("kb: interrupted — the index keeps its last consistent state; re-run to finish", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""One asset per stage, partitioned by source. Each writes our own tables and returns metadata."""
+
+import time
+
+import dagster as dg
+
+from kb_assets.defs.partitions import sources_partitions
+from kb_assets.defs.resources import KbResource
+from kb_assets.pipeline import chunk_source, run_embeddings_stage, sync_documents
+from kb_assets.pipeline.progress import current as current_progress
+from kb_assets.store.status import record_run
+
+GROUP = "kb"
+
+
+def _table(rows: list[dict], columns: list[str]) -> dg.MetadataValue:
+    """A markdown table preview (pandas: what data engineers read in the UI)."""
+    import pandas as pd
+
+    if not rows:
+        return dg.MetadataValue.md("_none_")
+    return dg.MetadataValue.md(pd.DataFrame(rows, columns=columns).to_markdown(index=False))
+
+
+@dg.asset(
+    partitions_def=sources_partitions,
+    group_name=GROUP,
+    kinds={"python", "postgres"},
+    description="One row per live document of the source: listed (git-aware), read, redacted, classified.",
+)
+def kb_documents(context: dg.AssetExecutionContext, kb: KbResource) -> dg.MaterializeResult:
+    source = kb.config.source(context.partition_key)
+    with kb.connect() as conn:
+        stats = sync_documents(conn, kb.config, source, current_progress())
+        record_run(conn, source.key, "documents", {"documents": stats.as_metadata()})
+        skipped = conn.execute(
+            "SELECT path, skip_reason, skip_detail FROM documents WHERE source_key = %s AND status = 'skipped'"
+            " ORDER BY updated_at DESC LIMIT 50", (source.key,)).fetchall()
+    context.log.info(f"{source.key}: {stats.new} new, {stats.changed} changed, {stats.unchanged} unchanged, "
+                     f"{stats.deleted} deleted, {stats.skipped} skipped")
+    return dg.MaterializeResult(metadata={
+        "new": stats.new, "changed": stats.changed, "unchanged": stats.unchanged, "deleted": stats.deleted,
+        "skipped": stats.skipped, "skipped_total": stats.skipped_total, "listed": stats.listed,
+        "read_errors": stats.read_errors, "commit": stats.commit or "", "listing_complete": stats.complete,
+        "skip_reasons": dg.MetadataValue.json(stats.skip_reasons),
+        "skipped_files": _table([{"path": p, "reason": r, "detail": (d or "")[:120]} for p, r, d in skipped],
+                                ["path", "reason", "detail"]),
+        "seconds": stats.seconds,
+    })
+
+
+@dg.asset(
+    partitions_def=sources_partitions,
+    group_name=GROUP,
+    kinds={"python", "postgres"},
+    deps=[kb_documents],
+    description="Chunks cut on natural boundaries (headings, paragraphs, turns, definitions), token-bounded.",
+)
+def kb_chunks(context: dg.AssetExecutionContext, kb: KbResource) -> dg.MaterializeResult:
+    key = context.partition_key
+    embedder = kb.embedder()  # only its tokenizer is used here: the model is not loaded
+    with kb.connect() as conn:
+        stats = chunk_source(conn, key, max_tokens=embedder.max_tokens, count_tokens=embedder.count_tokens,
+                             progress=current_progress())
+        record_run(conn, key, "chunks", {"chunks": stats.as_metadata()})
+    return dg.MaterializeResult(metadata={
+        "documents_chunked": stats.documents_chunked, "chunks_written": stats.chunks_written,
+        "chunks_removed": stats.chunks_removed, "chunks_total": stats.chunks_total, "errors": stats.errors,
+        "seconds": stats.seconds,
+    })
+
+
+@dg.asset(
+    partitions_def=sources_partitions,
+    group_name=GROUP,
+    kinds={"python", "pgvector"},
+    deps=[kb_chunks],
+    pool="embedding_api",
+    retry_policy=dg.RetryPolicy(max_retries=2, delay=30, backoff=dg.Backoff.EXPONENTIAL),
+    description="A vector for every chunk hash in the active (model, dimension) space; pay once per hash.",
+)
+def kb_embeddings(context: dg.AssetExecutionContext, kb: KbResource) -> dg.MaterializeResult:
+    key = context.partition_key
+    embedder = kb.embedder()
+    with kb.connect() as conn:
+        stats = run_embeddings_stage(conn, embedder, key, batch_rows=kb.config.embed_batch_rows,
+                                     progress=current_progress())
+        record_run(conn, key, "embeddings", {"embeddings": stats.as_metadata()})
+    cost = 0.0
+    if kb.config.embedder == "voyage":
+        cost = stats.tokens / 1e6 * kb.config.voyage.price_per_million_tokens
+    return dg.MaterializeResult(metadata={
+        "model": stats.model, "dimension": stats.dimension, "chunks_embedded": stats.chunks_embedded,
+        "batches": stats.batches, "tokens": stats.tokens, "estimated_cost_usd": round(cost, 6),
+        "missing_after": stats.missing_after, "orphans_removed": stats.orphans_removed,
+        "space_activated": stats.activated, "seconds": stats.seconds,
+    })
+
+
+@dg.asset(
+    partitions_def=sources_partitions,
+    group_name=GROUP,
+    kinds={"python", "gemini"},
+    deps=[kb_documents],
+    pool="llm_api",
+    retry_policy=dg.RetryPolicy(max_retries=2, delay=60, backoff=dg.Backoff.EXPONENTIAL),
+    description="Per-document signposts: summary, decisions with rationale, artifacts (code: purpose, functions).",
+)
+def kb_signposts(context: dg.AssetExecutionContext, kb: KbResource) -> dg.MaterializeResult:
+    from kb_assets.signposts.runner import run_signposts
+
+    key = context.partition_key
+    signposter = kb.signposter()
+    started = time.perf_counter()
+    with kb.connect() as conn:
+        stats = run_signposts(conn, key, signposter,
+                              max_failures=kb.config.gemini.max_failures_before_parking,
+                              concurrency=kb.config.gemini.concurrency if kb.config.signposter == "gemini" else 1)
+        meta = stats.as_metadata() if hasattr(stats, "as_metadata") else dict(vars(stats))
+        record_run(conn, key, "signposts", {"signposts": meta})
+    meta = {k: v for k, v in meta.items() if isinstance(v, (int, float, str, bool))}
+    meta.setdefault("seconds", round(time.perf_counter() - started, 3))
+    meta["generator"] = signposter.generator
+    meta["model"] = signposter.model
+    return dg.MaterializeResult(metadata=meta)
+
+
+kb_job = dg.define_asset_job(
+    "kb_index",
+    selection=dg.AssetSelection.groups(GROUP),
+    partitions_def=sources_partitions,
+    description="Index one source: documents → chunks → embeddings, and signposts.",
+)

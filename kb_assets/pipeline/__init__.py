@@ -1,0 +1,61 @@
+"""The indexing stages as plain functions (no Dagster): documents → chunks → embeddings → signposts.
+
+`kb_assets/defs/` wraps each stage in an asset; benchmarks and tests may call `index_sources` directly.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from kb_assets.config import KbConfig
+from kb_assets.pipeline.chunks import ChunkStats, chunk_source
+from kb_assets.pipeline.documents import DocumentStats, sync_documents
+from kb_assets.pipeline.embeddings import EmbedStats, activate_if_complete, embed_source, remove_orphan_vectors
+from kb_assets.pipeline.progress import Progress, null_progress
+
+__all__ = [
+    "ChunkStats", "DocumentStats", "EmbedStats", "SourceRun", "chunk_source", "embed_source",
+    "index_sources", "run_embeddings_stage", "sync_documents",
+]
+
+
+@dataclass
+class SourceRun:
+    documents: DocumentStats
+    chunks: ChunkStats
+    embeddings: EmbedStats
+    signposts: object | None = None
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+def run_embeddings_stage(conn, embedder, source_key: str | None, *, batch_rows: int = 500,
+                         progress: Progress = null_progress, max_batches: int | None = None) -> EmbedStats:
+    """Embed what is missing, drop vectors nothing uses, and activate the space once it is complete."""
+    stats = embed_source(conn, embedder, source_key=source_key, batch_rows=batch_rows, progress=progress,
+                         max_batches=max_batches)
+    if stats.missing_after == 0:
+        stats.orphans_removed = remove_orphan_vectors(conn)
+        stats.activated = activate_if_complete(conn, embedder.model, embedder.dimension)
+    return stats
+
+
+def index_sources(cfg: KbConfig, conn, *, embedder, signposter=None, source_keys: list[str] | None = None,
+                  progress: Progress = null_progress) -> dict[str, SourceRun]:
+    """Run every stage for the chosen sources in this process (what the Dagster assets do, in order)."""
+    runs: dict[str, SourceRun] = {}
+    for source in cfg.sources:
+        if not source.enabled or (source_keys and source.key not in source_keys):
+            continue
+        started = time.perf_counter()
+        docs = sync_documents(conn, cfg, source, progress)
+        chunks = chunk_source(conn, source.key, max_tokens=embedder.max_tokens,
+                              count_tokens=embedder.count_tokens, progress=progress)
+        emb = run_embeddings_stage(conn, embedder, source.key, batch_rows=cfg.embed_batch_rows, progress=progress)
+        sp = None
+        if signposter is not None:
+            from kb_assets.signposts.runner import run_signposts
+
+            sp = run_signposts(conn, source.key, signposter)
+        runs[source.key] = SourceRun(docs, chunks, emb, sp, round(time.perf_counter() - started, 3))
+    return runs

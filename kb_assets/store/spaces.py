@@ -1,0 +1,85 @@
+"""Vector spaces: one table per (model, dimension), so two models' vectors never mix (invariant 7).
+
+A model change builds its space beside the old one; `activate_space` swaps which space queries use once
+the new space covers every active chunk.
+"""
+from __future__ import annotations
+
+import re
+
+import psycopg
+from psycopg import sql
+
+_SLUG = re.compile(r"[^a-z0-9]+")
+
+
+def _table_name(space_id: int, model: str, dim: int) -> str:
+    slug = _SLUG.sub("_", model.lower()).strip("_")[:30]
+    return f"embeddings_{space_id}_{slug}_{dim}"
+
+
+def ensure_space(conn: psycopg.Connection, model: str, dim: int) -> str:
+    """Return the table of vectors for (model, dim), creating it (and its HNSW index) if needed."""
+    row = conn.execute(
+        "SELECT table_name FROM embedding_spaces WHERE model = %s AND dimension = %s", (model, dim)
+    ).fetchone()
+    if row:
+        return row[0]
+    with conn.transaction():
+        conn.execute("LOCK TABLE embedding_spaces IN SHARE ROW EXCLUSIVE MODE")
+        row = conn.execute(
+            "SELECT table_name FROM embedding_spaces WHERE model = %s AND dimension = %s", (model, dim)
+        ).fetchone()
+        if row:
+            return row[0]
+        space_id = conn.execute("SELECT nextval(pg_get_serial_sequence('embedding_spaces', 'id'))").fetchone()[0]
+        table = _table_name(space_id, model, dim)
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {t} (chunk_hash text PRIMARY KEY, embedding vector({d}) NOT NULL,"
+                " created_at timestamptz NOT NULL DEFAULT now())"
+            ).format(t=sql.Identifier(table), d=sql.Literal(dim))
+        )
+        conn.execute(
+            sql.SQL("CREATE INDEX {i} ON {t} USING hnsw (embedding vector_cosine_ops)").format(
+                i=sql.Identifier(f"{table}_hnsw"), t=sql.Identifier(table)
+            )
+        )
+        conn.execute(
+            "INSERT INTO embedding_spaces (id, model, dimension, table_name) VALUES (%s, %s, %s, %s)",
+            (space_id, model, dim, table),
+        )
+    return table
+
+
+def space_table(conn: psycopg.Connection, model: str, dim: int) -> str | None:
+    row = conn.execute(
+        "SELECT table_name FROM embedding_spaces WHERE model = %s AND dimension = %s", (model, dim)
+    ).fetchone()
+    return row[0] if row else None
+
+
+def active_space(conn: psycopg.Connection) -> tuple[str, int, str] | None:
+    """The space queries use: the most recently activated one."""
+    row = conn.execute(
+        "SELECT model, dimension, table_name FROM embedding_spaces WHERE activated_at IS NOT NULL"
+        " ORDER BY activated_at DESC LIMIT 1"
+    ).fetchone()
+    return (row[0], row[1], row[2]) if row else None
+
+
+def activate_space(conn: psycopg.Connection, model: str, dim: int) -> None:
+    with conn.transaction():
+        conn.execute(
+            "UPDATE embedding_spaces SET activated_at = clock_timestamp() WHERE model = %s AND dimension = %s",
+            (model, dim),
+        )
+
+
+def missing_vectors_count(conn: psycopg.Connection, table: str) -> int:
+    """Distinct active chunk hashes without a vector in `table`."""
+    q = sql.SQL(
+        "SELECT count(DISTINCT c.chunk_hash) FROM chunks c"
+        " WHERE NOT EXISTS (SELECT 1 FROM {t} e WHERE e.chunk_hash = c.chunk_hash)"
+    ).format(t=sql.Identifier(table))
+    return conn.execute(q).fetchone()[0]

@@ -1,0 +1,86 @@
+"""What `kb status` and the Dagster checks read: per-source counts, skips with reasons, freshness."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import psycopg
+
+from kb_assets.store import spaces
+
+
+def git_head(root: str | Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def source_status(conn: psycopg.Connection, source_keys: list[str] | None = None,
+                  model: str | None = None, dimension: int | None = None) -> list[dict]:
+    """One dict per source. `embedded` counts active chunks with a vector for (model, dimension)
+    (default: the active space)."""
+    table = None
+    if model and dimension:
+        table = spaces.space_table(conn, model, dimension)
+    else:
+        active = spaces.active_space(conn)
+        table = active[2] if active else None
+        model, dimension = (active[0], active[1]) if active else (None, None)
+    rows = conn.execute(
+        "SELECT key, kind, root, indexed_commit, listed_at, last_run_at, last_run_status, last_run_stats"
+        " FROM sources WHERE %s::text[] IS NULL OR key = ANY(%s) ORDER BY key",
+        (source_keys, source_keys)).fetchall()
+    result = []
+    for key, kind, root, commit, listed_at, last_run_at, last_status, last_stats in rows:
+        counts = conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'active'), count(*) FILTER (WHERE status = 'skipped')"
+            " FROM documents WHERE source_key = %s", (key,)).fetchone()
+        chunks = conn.execute(
+            "SELECT count(*) FROM chunks c JOIN documents d ON d.id = c.document_id WHERE d.source_key = %s",
+            (key,)).fetchone()[0]
+        embedded = 0
+        if table:
+            embedded = conn.execute(
+                f'SELECT count(*) FROM chunks c JOIN documents d ON d.id = c.document_id'
+                f' WHERE d.source_key = %s AND EXISTS (SELECT 1 FROM "{table}" e WHERE e.chunk_hash = c.chunk_hash)',
+                (key,)).fetchone()[0]
+        signposted = conn.execute(
+            "SELECT count(*) FROM signpost_state s JOIN documents d ON d.id = s.document_id"
+            " WHERE d.source_key = %s AND d.status = 'active' AND s.content_hash = d.content_hash", (key,)
+        ).fetchone()[0]
+        signpost_problems = conn.execute(
+            "SELECT count(*) FILTER (WHERE s.stale), count(*) FILTER (WHERE s.parked)"
+            " FROM signpost_state s JOIN documents d ON d.id = s.document_id WHERE d.source_key = %s", (key,)
+        ).fetchone()
+        skipped = [
+            {"path": p, "reason": r, "detail": d or ""}
+            for p, r, d in conn.execute(
+                "SELECT path, skip_reason, skip_detail FROM documents WHERE source_key = %s AND status = 'skipped'"
+                " ORDER BY skip_reason, path", (key,))
+        ]
+        reasons: dict[str, int] = {}
+        for s in skipped:
+            reasons[s["reason"]] = reasons.get(s["reason"], 0) + 1
+        head = git_head(root) if Path(root).is_dir() else None
+        result.append({
+            "source": key, "kind": kind, "root": root,
+            "documents": counts[0], "chunks": chunks, "embedded": embedded,
+            "signposted": signposted, "signposts_stale": signpost_problems[0], "signposts_parked": signpost_problems[1],
+            "skipped": counts[1], "skip_reasons": reasons, "skipped_files": skipped,
+            "indexed_commit": commit, "head_commit": head,
+            "fresh": (commit == head) if head else None,
+            "listed_at": listed_at.isoformat() if listed_at else None,
+            "last_run_at": last_run_at.isoformat() if last_run_at else None,
+            "last_run_status": last_status, "last_run": last_stats or {},
+            "embedding_model": model, "embedding_dimension": dimension,
+        })
+    return result
+
+
+def record_run(conn: psycopg.Connection, source_key: str, status: str, stats: dict) -> None:
+    conn.execute(
+        "UPDATE sources SET last_run_at = now(), last_run_status = %s, last_run_stats = last_run_stats || %s::jsonb"
+        " WHERE key = %s", (status, psycopg.types.json.Json(stats), source_key))
