@@ -13,6 +13,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.pop("KB_DATABASE_URL", None)
 os.environ.pop("KB_CONFIG", None)
+# Dagster instance storage for tests: a temp folder, never the repo-root dagster.yaml.
+os.environ.setdefault("DAGSTER_HOME", tempfile.mkdtemp(prefix="kb-dagster-"))
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 

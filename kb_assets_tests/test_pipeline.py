@@ -1,0 +1,219 @@
+"""The documents → chunks → embeddings stages on a real embedded PostgreSQL: incremental, pay-once,
+crash-safe, deletes propagated."""
+from __future__ import annotations
+
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from kb_assets.config import parse_config
+from kb_assets.embedding import FixedCostEmbedder
+from kb_assets.pipeline import chunk_source, index_sources, run_embeddings_stage, sync_documents
+from kb_assets.store import spaces
+
+
+class CountingEmbedder(FixedCostEmbedder):
+    """The benchmark stand-in with no cost, recording every text it is asked to embed."""
+
+    def __init__(self, model: str = "counting", dimension: int = 384):
+        super().__init__(cost_per_text=0.0, dimension=dimension)
+        self.model = model
+        self.texts: list[str] = []
+        self.calls = 0
+
+    def embed_documents(self, texts):
+        self.calls += 1
+        self.texts.extend(texts)
+        return super().embed_documents(texts)
+
+
+PARA = ("The ingestion service keeps a queue of work in PostgreSQL and takes batches with skip locked so that "
+        "two workers never embed the same chunk twice; the retry delay grows after each failure. ")
+
+
+def _write(root: Path, rel: str, text: str) -> None:
+    p = root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text, encoding="utf-8")
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    root = tmp_path / "repo"
+    root.mkdir()
+    for i in range(6):
+        body = "\n\n".join(f"## Part {j}\n\n{PARA * 2} Topic {i}-{j}." for j in range(4))
+        _write(root, f"docs/note-{i}.md", f"# Note {i}\n\n{body}\n")
+    _write(root, "docs/tiny.md", "# tiny\n")
+    _write(root, "docs/blob.md", "PK\x03\x04\x00\x00binary\x00data" * 20)
+    _git(root, "init", "-q")
+    _git(root, "-c", "user.email=t@e", "-c", "user.name=t", "add", ".")
+    _git(root, "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qm", "init")
+    return root
+
+
+def _cfg(root: Path, db_url: str, **source):
+    data = {"database_url": db_url, "sources": [{"key": "docs", "kind": "doc", "root": str(root),
+                                                  "include": ["docs/**/*.md"], **source}]}
+    return parse_config(data, path=str(root / "kb.yaml"), base_dir=str(root))
+
+
+def _index(cfg, conn, embedder):
+    return index_sources(cfg, conn, embedder=embedder)["docs"]
+
+
+def test_full_then_unchanged_run_makes_no_embedding_call(repo, db_url, conn):
+    cfg = _cfg(repo, db_url)
+    emb = CountingEmbedder()
+    run = _index(cfg, conn, emb)
+    assert run.documents.new == 6
+    assert run.chunks.chunks_written > 6
+    assert run.embeddings.chunks_embedded == len(set(emb.texts)) == len(emb.texts)
+    assert run.embeddings.missing_after == 0 and run.embeddings.activated
+    reasons = run.documents.skip_reasons
+    assert reasons.get("too-small") == 1 and reasons.get("binary") == 1, reasons
+
+    emb2 = CountingEmbedder()
+    again = _index(cfg, conn, emb2)
+    assert emb2.calls == 0
+    assert again.documents.new == again.documents.changed == again.documents.deleted == 0
+    assert again.chunks.documents_chunked == 0
+    commit = _git(repo, "rev-parse", "HEAD").strip()
+    assert conn.execute("SELECT indexed_commit FROM sources WHERE key='docs'").fetchone()[0] == commit
+
+
+def test_change_rename_delete_pay_only_for_changed_chunks(repo, db_url, conn):
+    cfg = _cfg(repo, db_url)
+    _index(cfg, conn, CountingEmbedder())
+    before_hashes = {r[0] for r in conn.execute("SELECT chunk_hash FROM chunks")}
+
+    # 1 change (one section), 1 rename, 1 delete
+    p = repo / "docs/note-0.md"
+    p.write_text(p.read_text().replace("Topic 0-2.", "Topic 0-2, now rewritten entirely."), encoding="utf-8")
+    (repo / "docs/note-1.md").rename(repo / "docs/renamed-1.md")
+    (repo / "docs/note-2.md").unlink()
+
+    emb = CountingEmbedder()
+    run = _index(cfg, conn, emb)
+    assert run.documents.changed == 1 and run.documents.new == 1 and run.documents.deleted == 2
+    after_hashes = {r[0] for r in conn.execute("SELECT chunk_hash FROM chunks")}
+    new_hashes = after_hashes - before_hashes
+    assert 1 <= len(new_hashes) <= 2                    # only the edited section's chunk(s)
+    assert run.embeddings.chunks_embedded == len(new_hashes) == len(emb.texts)
+    paths = {r[0] for r in conn.execute("SELECT path FROM documents WHERE status='active'")}
+    assert "docs/renamed-1.md" in paths and "docs/note-1.md" not in paths and "docs/note-2.md" not in paths
+    # deletes propagate to chunks, keyword rows and vectors
+    table = spaces.active_space(conn)[2]
+    orphans = conn.execute(f'SELECT count(*) FROM "{table}" e WHERE NOT EXISTS '
+                           f'(SELECT 1 FROM chunks c WHERE c.chunk_hash = e.chunk_hash)').fetchone()[0]
+    assert orphans == 0
+    assert conn.execute("SELECT count(*) FROM chunks c LEFT JOIN documents d ON d.id=c.document_id "
+                        "WHERE d.id IS NULL").fetchone()[0] == 0
+    hits = conn.execute("SELECT count(*) FROM chunks c JOIN documents d ON d.id = c.document_id "
+                        "WHERE d.path = 'docs/note-2.md'").fetchone()[0]
+    assert hits == 0
+
+
+def test_identical_chunks_in_two_documents_are_embedded_once(repo, db_url, conn):
+    _write(repo, "docs/copy.md", (repo / "docs/note-3.md").read_text())
+    cfg = _cfg(repo, db_url)
+    emb = CountingEmbedder()
+    _index(cfg, conn, emb)
+    counts = Counter(emb.texts)
+    assert max(counts.values()) == 1
+    n_chunks, n_hashes = conn.execute("SELECT count(*), count(DISTINCT chunk_hash) FROM chunks").fetchone()
+    assert n_chunks > n_hashes
+
+
+def test_kill_between_batches_then_rerun_embeds_every_chunk_exactly_once(repo, db_url, conn):
+    cfg = _cfg(repo, db_url)
+    src = cfg.sources[0]
+    sync_documents(conn, cfg, src)
+    emb = CountingEmbedder()
+    chunk_source(conn, "docs", max_tokens=emb.max_tokens, count_tokens=emb.count_tokens)
+    total = conn.execute("SELECT count(DISTINCT chunk_hash) FROM chunks").fetchone()[0]
+    assert total > 6
+    # "killed" after two committed batches of 5
+    first = run_embeddings_stage(conn, emb, "docs", batch_rows=5, max_batches=2)
+    assert first.chunks_embedded == 10 and first.missing_after == total - 10
+    assert not first.activated and spaces.active_space(conn) is None   # an incomplete space is never queried
+    second = run_embeddings_stage(conn, emb, "docs", batch_rows=5)
+    assert second.chunks_embedded == total - 10 and second.missing_after == 0 and second.activated
+    assert len(emb.texts) == total and max(Counter(emb.texts).values()) == 1
+
+
+def test_crash_inside_a_batch_keeps_committed_batches(repo, db_url, conn):
+    cfg = _cfg(repo, db_url)
+    sync_documents(conn, cfg, cfg.sources[0])
+    good = CountingEmbedder()
+    chunk_source(conn, "docs", max_tokens=good.max_tokens, count_tokens=good.count_tokens)
+
+    class Dies(CountingEmbedder):
+        def embed_documents(self, texts):
+            if self.calls == 1:
+                raise ConnectionError("killed")
+            return super().embed_documents(texts)
+
+    with pytest.raises(ConnectionError):
+        run_embeddings_stage(conn, Dies(), "docs", batch_rows=4)
+    table = spaces.space_table(conn, "counting", 384)
+    assert conn.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0] == 4
+    rerun = run_embeddings_stage(conn, good, "docs", batch_rows=4)
+    assert rerun.missing_after == 0
+    assert len(good.texts) == conn.execute("SELECT count(DISTINCT chunk_hash) FROM chunks").fetchone()[0] - 4
+
+
+def test_incomplete_listing_prunes_nothing(repo, db_url, conn, monkeypatch):
+    cfg = _cfg(repo, db_url)
+    _index(cfg, conn, CountingEmbedder())
+    n = conn.execute("SELECT count(*) FROM documents WHERE status='active'").fetchone()[0]
+    from kb_assets.sources import discovery
+
+    real = discovery.list_source
+
+    def partial(root, source):
+        listing = real(root, source)
+        listing.files = listing.files[:1]
+        listing.complete = False
+        return listing
+
+    monkeypatch.setattr(discovery, "list_source", partial)
+    stats = sync_documents(conn, cfg, cfg.sources[0])
+    assert stats.deleted == 0 and not stats.complete
+    assert conn.execute("SELECT count(*) FROM documents WHERE status='active'").fetchone()[0] == n
+
+
+def test_model_change_builds_a_new_space_and_swaps_when_complete(repo, db_url, conn):
+    cfg = _cfg(repo, db_url)
+    _index(cfg, conn, CountingEmbedder("model-a", 384))
+    assert spaces.active_space(conn)[0] == "model-a"
+    new = CountingEmbedder("model-b", 256)
+    partial = run_embeddings_stage(conn, new, "docs", batch_rows=3, max_batches=1)
+    assert not partial.activated and spaces.active_space(conn)[0] == "model-a"   # old space still answers
+    done = run_embeddings_stage(conn, new, "docs", batch_rows=500)
+    assert done.activated and spaces.active_space(conn)[:2] == ("model-b", 256)
+    tables = {r[0] for r in conn.execute("SELECT table_name FROM embedding_spaces")}
+    assert len(tables) == 2
+
+
+def test_chunks_swap_in_one_transaction(repo, db_url, conn):
+    """A changed document's old chunks stay until its new chunks replace them."""
+    cfg = _cfg(repo, db_url)
+    _index(cfg, conn, CountingEmbedder())
+    doc_id = conn.execute("SELECT id FROM documents WHERE path='docs/note-4.md'").fetchone()[0]
+    old = conn.execute("SELECT count(*) FROM chunks WHERE document_id=%s", (doc_id,)).fetchone()[0]
+    p = repo / "docs/note-4.md"
+    p.write_text(p.read_text() + "\n## Added\n\nA new closing section about rollback.\n", encoding="utf-8")
+    sync_documents(conn, cfg, cfg.sources[0])
+    # documents updated, chunks not yet cut: the old chunks are still there and searchable
+    assert conn.execute("SELECT count(*) FROM chunks WHERE document_id=%s", (doc_id,)).fetchone()[0] == old
+    emb = CountingEmbedder()
+    chunk_source(conn, "docs", max_tokens=emb.max_tokens, count_tokens=emb.count_tokens)
+    texts = " ".join(r[0] for r in conn.execute("SELECT text FROM chunks WHERE document_id=%s", (doc_id,)))
+    assert "rollback" in texts
