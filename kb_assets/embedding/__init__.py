@@ -1,0 +1,33 @@
+"""Embedders: a protocol, the local model (default, offline), Voyage, and a fixed-cost benchmark stand-in.
+
+Importing this package loads neither torch, sentence-transformers nor voyageai; constructing an embedder
+loads no model and opens no connection. The model loads (once per process) on the first embed call.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kb_assets.embedding.base import (
+    EmbeddingAuthError, EmbeddingError, EmbedResult, Embedder,
+)
+from kb_assets.embedding.fixed import FIXED_COST_MODEL, FixedCostEmbedder
+from kb_assets.embedding.local import DEFAULT_LOCAL_MODEL, LocalEmbedder
+from kb_assets.embedding.voyage import VoyageEmbedder, estimate_tokens, parse_retry_after
+
+if TYPE_CHECKING:
+    from kb_assets.config import KbConfig
+
+__all__ = [
+    "Embedder", "EmbedResult", "EmbeddingError", "EmbeddingAuthError",
+    "LocalEmbedder", "VoyageEmbedder", "FixedCostEmbedder", "make_embedder",
+    "DEFAULT_LOCAL_MODEL", "FIXED_COST_MODEL", "estimate_tokens", "parse_retry_after",
+]
+
+
+def make_embedder(cfg: "KbConfig") -> Embedder:
+    """The embedder the config selects (lazy: no model load, no connection until the first embed call)."""
+    if cfg.embedder == "local":
+        return LocalEmbedder(cfg.local)
+    if cfg.embedder == "voyage":
+        return VoyageEmbedder(cfg.voyage)
+    raise EmbeddingError(f"unknown embedder {cfg.embedder!r} — use 'local' or 'voyage'")

@@ -1,0 +1,57 @@
+"""The Embedder protocol, its result type and errors (no heavy imports here)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+class EmbeddingError(Exception):
+    """An embedding call failed for a reason a person can read (the message says what and what to do)."""
+
+
+class EmbeddingAuthError(EmbeddingError):
+    """The provider rejected the credentials; retrying cannot help."""
+
+
+@dataclass
+class EmbedResult:
+    """Vectors in input order, float32, shape (n, dimension); `tokens` as billed / seen by the model."""
+
+    vectors: np.ndarray
+    tokens: int
+
+    def __len__(self) -> int:
+        return len(self.vectors)
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    model: str          # e.g. "all-MiniLM-L6-v2" or "voyage-3.5": with `dimension`, names the vector space
+    dimension: int
+    max_tokens: int     # chunks (as counted by count_tokens) must not exceed this
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        """Cheap per-text token counts (never loads a model or opens a connection)."""
+        ...
+
+    def embed_documents(self, texts: list[str]) -> EmbedResult:
+        ...
+
+    def embed_query(self, text: str) -> list[float]:
+        ...
+
+
+def empty_result(dimension: int) -> EmbedResult:
+    return EmbedResult(np.zeros((0, dimension), dtype=np.float32), 0)
+
+
+def as_matrix(vectors, n: int, dimension: int, who: str) -> np.ndarray:
+    """Coerce provider output to float32 (n, dimension), or raise EmbeddingError naming the mismatch."""
+    arr = np.asarray(vectors, dtype=np.float32)
+    if arr.ndim != 2 or arr.shape != (n, dimension):
+        raise EmbeddingError(
+            f"{who} returned vectors of shape {tuple(arr.shape)}, expected ({n}, {dimension}) — "
+            "check the model and dimension settings")
+    return arr

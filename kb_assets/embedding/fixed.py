@@ -1,0 +1,70 @@
+"""A benchmark stand-in: the local embedder's interface and chunk window, a fixed cost per text, no model."""
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Callable
+
+import numpy as np
+
+from kb_assets.embedding.base import EmbedResult, empty_result
+
+FIXED_COST_MODEL = "fixed-cost-standin"
+
+
+class FixedCostEmbedder:
+    """Deterministic pseudo-random unit vectors seeded by the text's SHA-256; sleeps `cost_per_text` per text.
+
+    Token counting and `max_tokens` are the local model's (its tokenizer.json, no torch), so a pipeline run
+    with the stand-in produces the same chunks as one with the real model: only the embedding cost differs.
+    """
+
+    model = FIXED_COST_MODEL
+
+    def __init__(self, cost_per_text: float = 0.002, *, dimension: int = 384, settings=None,
+                 sleep: Callable[[float], None] = time.sleep):
+        from kb_assets.embedding.local import LocalEmbedder
+
+        self.dimension = dimension
+        self.cost_per_text = float(cost_per_text)
+        self.sleep = sleep
+        self._counter = LocalEmbedder(settings)    # tokenizer only; its model is never loaded from here
+        self.texts_embedded = 0
+
+    def __repr__(self) -> str:
+        return f"FixedCostEmbedder(cost_per_text={self.cost_per_text}, dimension={self.dimension})"
+
+    @property
+    def max_tokens(self) -> int:
+        return self._counter.max_tokens
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        return self._counter.count_tokens(texts)
+
+    def vector(self, text: str) -> np.ndarray:
+        seed = int.from_bytes(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:8], "little")
+        v = np.random.default_rng(seed).standard_normal(self.dimension).astype(np.float32)
+        return v / np.linalg.norm(v)
+
+    def embed_documents(self, texts: list[str]) -> EmbedResult:
+        texts = list(texts)
+        if not texts:
+            return empty_result(self.dimension)
+        started = time.perf_counter()
+        out = np.stack([self.vector(t) for t in texts])
+        tokens = sum(self.count_tokens(texts))
+        self._pay(len(texts), started)
+        self.texts_embedded += len(texts)
+        return EmbedResult(out, tokens)
+
+    def embed_query(self, text: str) -> list[float]:
+        started = time.perf_counter()
+        v = self.vector(text)
+        self._pay(1, started)
+        return v.tolist()
+
+    def _pay(self, n: int, started: float) -> None:
+        # The cost is wall time per call: n texts cost n * cost_per_text, including our own hashing time.
+        remaining = n * self.cost_per_text - (time.perf_counter() - started)
+        if remaining > 0:
+            self.sleep(remaining)

