@@ -82,7 +82,7 @@ def cmd_index(args) -> int:
 
     logging.getLogger("dagster").setLevel(logging.ERROR)
     definitions = defs() if callable(defs) else defs
-    job = definitions.get_job_def("kb_index")
+    job = definitions.resolve_job_def("kb_index")
     instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
     run_config = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
     console = _console(stderr=True)

@@ -58,23 +58,22 @@ def _defs():
 
 def test_definitions_load_with_partitions_per_source(project):
     defs = _defs()
-    job = defs.get_job_def("kb_index")
+    job = defs.resolve_job_def("kb_index")
     assert set(job.partitions_def.get_partition_keys()) == {"decisions", "code"}
     keys = {k.to_user_string() for k in defs.resolve_all_asset_keys()}
     assert {"kb_documents", "kb_chunks", "kb_embeddings", "kb_signposts"} <= keys
-    assert defs.get_schedule_def("nightly_index") and defs.get_sensor_def("git_commit_sensor")
+    assert defs.resolve_schedule_def("nightly_index") and defs.resolve_sensor_def("git_commit_sensor")
 
 
 def test_materialize_a_partition_reports_metadata_and_checks_pass(project):
     repo, _ = project
     defs = _defs()
-    job = defs.get_job_def("kb_index")
+    job = defs.resolve_job_def("kb_index")
     instance = dg.DagsterInstance.ephemeral()
     result = job.execute_in_process(partition_key="decisions", instance=instance)
     assert result.success
-    mats = {e.asset_key.to_user_string(): e.materialization.metadata
-            for e in result.get_asset_materialization_events()
-            for e in [e.event_specific_data]}
+    mats = {m.asset_key.to_user_string(): m.metadata
+            for m in (e.event_specific_data.materialization for e in result.get_asset_materialization_events())}
     docs = mats["kb_documents"]
     assert docs["new"].value == 1 and docs["deleted"].value == 0
     assert mats["kb_embeddings"]["chunks_embedded"].value >= 1
@@ -83,18 +82,19 @@ def test_materialize_a_partition_reports_metadata_and_checks_pass(project):
     assert checks and all(checks.values()), checks
 
     again = job.execute_in_process(partition_key="decisions", instance=instance)
-    mats2 = {e.event_specific_data.asset_key.to_user_string(): e.event_specific_data.materialization.metadata
-             for e in again.get_asset_materialization_events()}
+    mats2 = {m.asset_key.to_user_string(): m.metadata
+             for m in (e.event_specific_data.materialization for e in again.get_asset_materialization_events())}
     assert mats2["kb_documents"]["unchanged"].value == 1
     assert mats2["kb_embeddings"]["chunks_embedded"].value == 0
 
 
 def test_schedule_requests_one_run_per_source(project):
     defs = _defs()
-    schedule = defs.get_schedule_def("nightly_index")
+    schedule = defs.resolve_schedule_def("nightly_index")
     import datetime as dt
 
-    ctx = dg.build_schedule_context(scheduled_execution_time=dt.datetime(2026, 11, 30, 3, tzinfo=dt.timezone.utc))
+    ctx = dg.build_schedule_context(repository_def=defs.get_repository_def(),
+                                   scheduled_execution_time=dt.datetime(2026, 11, 30, 3, tzinfo=dt.timezone.utc))
     requests = schedule.evaluate_tick(ctx).run_requests
     assert sorted(r.partition_key for r in requests) == ["code", "decisions"]
     assert len({r.run_key for r in requests}) == 2
@@ -103,7 +103,7 @@ def test_schedule_requests_one_run_per_source(project):
 def test_sensor_requests_a_run_when_head_moves(project):
     repo, _ = project
     defs = _defs()
-    sensor = defs.get_sensor_def("git_commit_sensor")
+    sensor = defs.resolve_sensor_def("git_commit_sensor")
     ctx = dg.build_sensor_context(definitions=defs)
     first = sensor.evaluate_tick(ctx)
     assert sorted(r.partition_key for r in first.run_requests) == ["code", "decisions"]
