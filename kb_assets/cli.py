@@ -34,7 +34,9 @@ def _connect(cfg: KbConfig):
 def _console(stderr: bool = False):
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False)
+    stream = sys.stderr if stderr else sys.stdout
+    # Piped output (agents, CI logs): wide enough that tables are not cut.
+    return Console(stderr=stderr, highlight=False, width=None if stream.isatty() else 200)
 
 
 # ---------------------------------------------------------------- index
@@ -114,7 +116,7 @@ def cmd_index(args) -> int:
         print(json.dumps({"sources": [_run_summary(r) for r in rows], "seconds": round(elapsed, 2),
                           "failures": [{"source": k, "error": e} for k, e in failures]}, indent=2, default=str))
     elif not args.quiet:
-        _print_index_summary(console, rows, elapsed)
+        _print_index_summary(_console(), rows, elapsed)
     for key, err in failures:
         console.print(f"[red]kb index: source {key!r} failed:[/red] {err}")
     return 1 if failures else 0

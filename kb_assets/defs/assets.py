@@ -107,15 +107,20 @@ def kb_embeddings(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Mater
     description="Per-document signposts: summary, decisions with rationale, artifacts (code: purpose, functions).",
 )
 def kb_signposts(context: dg.AssetExecutionContext, kb: KbResource) -> dg.MaterializeResult:
+    from kb_assets.signposts.base import SignpostAuthError, SignpostQuotaError
     from kb_assets.signposts.runner import run_signposts
 
     key = context.partition_key
     signposter = kb.signposter()
     started = time.perf_counter()
     with kb.connect() as conn:
-        stats = run_signposts(conn, key, signposter,
-                              max_failures=kb.config.gemini.max_failures_before_parking,
-                              concurrency=kb.config.gemini.concurrency if kb.config.signposter == "gemini" else 1)
+        try:
+            stats = run_signposts(conn, key, signposter,
+                                  max_failures=kb.config.gemini.max_failures_before_parking,
+                                  concurrency=kb.config.gemini.concurrency if kb.config.signposter == "gemini" else 1)
+        except (SignpostAuthError, SignpostQuotaError) as exc:
+            # Retrying cannot fix a rejected key or an exhausted daily quota: fail once, clearly.
+            raise dg.Failure(description=str(exc), allow_retries=False) from exc
         meta = stats.as_metadata() if hasattr(stats, "as_metadata") else dict(vars(stats))
         record_run(conn, key, "signposts", {"signposts": meta})
     meta = {k: v for k, v in meta.items() if isinstance(v, (int, float, str, bool))}
