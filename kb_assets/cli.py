@@ -374,6 +374,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    import warnings
+
+    # platformdirs (via pgserver) warns on every start when XDG_RUNTIME_DIR is unset: noise, not news.
+    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args) or 0

@@ -84,7 +84,7 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
     for entry in listing.files:
         have = stored.get(entry.path)
         if have is not None and have[0] == entry.sig:
-            stats.unchanged += len(have[1])
+            stats.unchanged += sum(1 for h in have[1].values() if h is not None)   # skipped rows have no hash
         else:
             to_read.append(entry)
     # Skips found by the listing itself (binary, too large, symlink outside root, ...).
