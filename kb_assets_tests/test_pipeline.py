@@ -217,3 +217,63 @@ def test_chunks_swap_in_one_transaction(repo, db_url, conn):
     chunk_source(conn, "docs", max_tokens=emb.max_tokens, count_tokens=emb.count_tokens)
     texts = " ".join(r[0] for r in conn.execute("SELECT text FROM chunks WHERE document_id=%s", (doc_id,)))
     assert "rollback" in texts
+
+
+def _commit(root: Path, msg: str) -> None:
+    _git(root, "-c", "user.email=t@e", "-c", "user.name=t", "add", "-A")
+    _git(root, "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qm", msg)
+
+
+def test_head_mode_follows_git_diff_and_ignores_uncommitted_edits(repo, db_url, conn):
+    cfg = _cfg(repo, db_url, content="HEAD")
+    first = _index(cfg, conn, CountingEmbedder())
+    assert first.documents.listing_mode == "full" and first.documents.new == 6
+
+    # an uncommitted edit is invisible to HEAD mode
+    (repo / "docs/note-5.md").write_text("# Uncommitted\n\n" + PARA * 3, encoding="utf-8")
+    quiet = _index(cfg, conn, CountingEmbedder())
+    assert quiet.documents.listing_mode == "git-diff" and quiet.documents.changed == 0
+    _git(repo, "checkout", "--", "docs/note-5.md")
+
+    p = repo / "docs/note-0.md"
+    p.write_text(p.read_text() + "\n## Later\n\nA committed addition about retries.\n", encoding="utf-8")
+    _git(repo, "mv", "docs/note-1.md", "docs/moved-1.md")
+    _git(repo, "rm", "-q", "docs/note-2.md")
+    _commit(repo, "change, move, delete")
+    emb = CountingEmbedder()
+    run = _index(cfg, conn, emb)
+    d = run.documents
+    assert d.listing_mode == "git-diff"
+    assert (d.changed, d.new, d.deleted) == (1, 1, 2)
+    assert d.unchanged == 3
+    assert 1 <= run.embeddings.chunks_embedded <= 2                    # the moved file re-embeds nothing
+    head = _git(repo, "rev-parse", "HEAD").strip()
+    assert conn.execute("SELECT indexed_commit FROM sources WHERE key='docs'").fetchone()[0] == head
+    paths = {r[0] for r in conn.execute("SELECT path FROM documents WHERE status='active'")}
+    assert paths == {"docs/note-0.md", "docs/moved-1.md", "docs/note-3.md", "docs/note-4.md", "docs/note-5.md"}
+
+
+def test_unreachable_previous_commit_falls_back_to_a_full_listing(repo, db_url, conn):
+    cfg = _cfg(repo, db_url, content="HEAD")
+    _index(cfg, conn, CountingEmbedder())
+    # rewrite history (a force-push), then garbage-collect the old commit away
+    _git(repo, "checkout", "-q", "--orphan", "rewritten")
+    (repo / "docs/note-3.md").unlink()
+    _commit(repo, "rewritten history")
+    _git(repo, "branch", "-D", "master" if "master" in _git(repo, "branch") else "main")
+    _git(repo, "reflog", "expire", "--expire=now", "--all")
+    _git(repo, "gc", "-q", "--prune=now")
+    run = _index(cfg, conn, CountingEmbedder())
+    assert run.documents.listing_mode == "full"
+    assert run.documents.deleted == 1 and run.embeddings.chunks_embedded == 0
+
+
+def test_changed_settings_force_a_full_listing(repo, db_url, conn):
+    _index(_cfg(repo, db_url, content="HEAD"), conn, CountingEmbedder())
+    _write(repo, "notes/extra.md", "# Extra\n\n" + PARA * 2)
+    _commit(repo, "extra")
+    wider = parse_config({"database_url": db_url, "sources": [{
+        "key": "docs", "kind": "doc", "root": str(repo), "content": "HEAD",
+        "include": ["docs/**/*.md", "notes/*.md"]}]}, path="kb.yaml", base_dir=str(repo))
+    run = _index(wider, conn, CountingEmbedder())
+    assert run.documents.listing_mode == "full" and run.documents.new == 1

@@ -34,6 +34,7 @@ class DocumentStats:
     skipped: int = 0               # skipped in this run (newly seen or changed files)
     skipped_total: int = 0         # all skipped files recorded for the source
     skip_reasons: dict[str, int] = field(default_factory=dict)
+    listing_mode: str = "full"     # full | git-diff (committed changes since the indexed commit)
     read_errors: int = 0
     commit: str | None = None
     complete: bool = True
@@ -48,28 +49,52 @@ def _file_of(path: str) -> str:
     return path.split("#", 1)[0]
 
 
-def ensure_source_row(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig) -> None:
+def _config_hash(cfg: KbConfig, source: SourceConfig) -> str:
+    from kb_assets.models import sha256_hex
+
+    return sha256_hex(source.model_dump_json() + str(cfg.source_root(source)))[:16]
+
+
+def ensure_source_row(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig) -> str | None:
+    """Upsert the source; return the commit it was indexed at, or None when its settings changed since
+    (new include globs, limits, kind...), which calls for a full listing."""
+    row = conn.execute("SELECT indexed_commit, config_hash FROM sources WHERE key = %s", (source.key,)).fetchone()
+    h = _config_hash(cfg, source)
     conn.execute(
-        "INSERT INTO sources (key, kind, root) VALUES (%s, %s, %s)"
-        " ON CONFLICT (key) DO UPDATE SET kind = EXCLUDED.kind, root = EXCLUDED.root",
-        (source.key, source.kind, str(cfg.source_root(source))),
+        "INSERT INTO sources (key, kind, root, config_hash) VALUES (%s, %s, %s, %s)"
+        " ON CONFLICT (key) DO UPDATE SET kind = EXCLUDED.kind, root = EXCLUDED.root,"
+        " config_hash = EXCLUDED.config_hash",
+        (source.key, source.kind, str(cfg.source_root(source)), h),
     )
+    if row is None or row[1] != h:
+        return None
+    return row[0]
 
 
 def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig,
                    progress: Progress = null_progress) -> DocumentStats:
-    from kb_assets.sources.discovery import list_source
+    from kb_assets.sources import discovery
     from kb_assets.sources.readers import read_entry
 
     started = time.perf_counter()
     stats = DocumentStats(source=source.key)
     root = cfg.source_root(source)
-    ensure_source_row(conn, cfg, source)
-
-    listing = list_source(root, source)
+    # Committed content with a reachable previous commit: only what `git diff` names is looked at.
+    # Otherwise (worktree mode, force-push, gc, first run, changed settings) a full listing with cheap
+    # signatures.
+    prev = ensure_source_row(conn, cfg, source)
+    changes = discovery.changes_since(root, source, prev) if prev else None
+    diff_removed: set[str] = set()
+    if changes is not None:
+        stats.listing_mode = "git-diff"
+        touched = changes.added + changes.modified + [new for _, new in changes.renamed]
+        listing = discovery.list_paths(root, source, touched)
+        diff_removed = set(changes.deleted) | {old for old, _ in changes.renamed}
+    else:
+        listing = discovery.list_source(root, source)
     stats.listed = len(listing.files)
     stats.commit = listing.commit
-    stats.complete = listing.complete
+    stats.complete = listing.complete or changes is not None
 
     # What we have: file -> (signature, {document path: content hash})
     stored: dict[str, tuple[str | None, dict[str, str | None]]] = {}
@@ -79,6 +104,10 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
         f = _file_of(path)
         entry = stored.setdefault(f, (sig, {}))
         entry[1][path] = content_hash
+    if changes is not None:
+        named = set(touched) | diff_removed
+        stats.unchanged += sum(1 for f, (_, docs) in stored.items() if f not in named
+                               for h in docs.values() if h is not None)
 
     to_read = []
     for entry in listing.files:
@@ -145,19 +174,21 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
     flush()
     progress.done()
 
-    if listing.complete:
+    if changes is not None:
+        gone = [p for f, (_, docs) in stored.items() if f in diff_removed for p in docs]
+    elif listing.complete:
         seen = {e.path for e in listing.files} | {s.path for s in listing_skips}
         gone = [p for f, (_, docs) in stored.items() if f not in seen for p in docs]
-        if gone:
-            with conn.transaction():
-                conn.execute("DELETE FROM documents WHERE source_key = %s AND path = ANY(%s)", (source.key, gone))
-            stats.deleted += len(gone)
-        conn.execute(
-            "UPDATE sources SET indexed_commit = %s, listed_at = now() WHERE key = %s",
-            (listing.commit, source.key),
-        )
     else:
+        gone = []
         log.warning("listing of %s was incomplete: no document was pruned", source.key)
+    if gone:
+        with conn.transaction():
+            conn.execute("DELETE FROM documents WHERE source_key = %s AND path = ANY(%s)", (source.key, gone))
+        stats.deleted += len(gone)
+    if stats.complete:
+        conn.execute("UPDATE sources SET indexed_commit = %s, listed_at = now() WHERE key = %s",
+                     (listing.commit, source.key))
 
     reasons = Counter()
     for reason, n in conn.execute(

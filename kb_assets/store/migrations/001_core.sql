@@ -5,6 +5,7 @@ CREATE TABLE IF NOT EXISTS sources (
     key              text PRIMARY KEY,
     kind             text NOT NULL,
     root             text NOT NULL,
+    config_hash      text,                 -- of the source's settings: a change forces a full listing
     indexed_commit   text,                 -- git commit the documents reflect (NULL: folder walk)
     listed_at        timestamptz,          -- time of the last complete, successful listing
     last_run_at      timestamptz,

@@ -1,0 +1,186 @@
+"""Small, safe wrappers around the git command line (no git library: git itself is the reference).
+
+Every call runs with GIT_OPTIONAL_LOCKS=0 so that reading never rewrites the index (memory folders and
+other read-only sources stay untouched), without a terminal prompt, and with a timeout.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+GIT_TIMEOUT = 600
+_SHA_RE = re.compile(r"^[0-9a-f]{40}(?:[0-9a-f]{24})?$")
+
+
+def git_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", "LANG": "C"})
+    for k in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):  # never aim at another repository
+        env.pop(k, None)
+    return env
+
+
+class GitError(Exception):
+    pass
+
+
+def run_git(cwd: Path | str, *args: str, check: bool = True, timeout: float = GIT_TIMEOUT,
+            input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    try:
+        proc = subprocess.run(
+            ["git", "-c", "core.quotePath=false", *args], cwd=str(cwd), capture_output=True,
+            env=git_env(), timeout=timeout, input=input,
+        )
+    except FileNotFoundError as exc:  # git is not installed, or cwd is gone
+        raise GitError(f"cannot run git in {cwd}: {exc}") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise GitError(f"git {' '.join(args[:3])} timed out after {timeout}s in {cwd}") from exc
+    if check and proc.returncode != 0:
+        err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise GitError(f"git {' '.join(args[:3])} failed in {cwd}: {err[-1] if err else proc.returncode}")
+    return proc
+
+
+def is_sha(s: str) -> bool:
+    return bool(_SHA_RE.match(s))
+
+
+def work_tree_top(root: Path) -> Path | None:
+    """The top of the git work tree that contains root, or None (not git, bare, inside .git, no git)."""
+    try:
+        p = run_git(root, "rev-parse", "--is-inside-work-tree", "--show-toplevel", check=False, timeout=30)
+    except GitError:
+        return None
+    if p.returncode != 0:
+        return None
+    lines = p.stdout.decode("utf-8", "surrogateescape").splitlines()
+    if len(lines) < 2 or lines[0].strip() != "true":
+        return None
+    return Path(lines[1].strip())
+
+
+def root_is_ignored(root: Path) -> bool:
+    """True when root sits in a git-ignored folder (its files are then listed by walking)."""
+    try:
+        p = run_git(root, "check-ignore", "-q", ".", check=False, timeout=30)
+    except GitError:
+        return False
+    return p.returncode == 0
+
+
+def head_commit(root: Path) -> str | None:
+    try:
+        p = run_git(root, "rev-parse", "--verify", "-q", "HEAD^{commit}", check=False, timeout=30)
+    except GitError:
+        return None
+    sha = p.stdout.decode().strip()
+    return sha if p.returncode == 0 and is_sha(sha) else None
+
+
+def commit_exists(root: Path, sha: str) -> bool:
+    if not sha or not re.match(r"^[0-9a-fA-F]{4,64}$", sha):
+        return False
+    try:
+        p = run_git(root, "cat-file", "-e", f"{sha}^{{commit}}", check=False, timeout=30)
+    except GitError:
+        return False
+    return p.returncode == 0
+
+
+def z_split(data: bytes) -> list[str]:
+    return [s for s in data.decode("utf-8", "surrogateescape").split("\0") if s]
+
+
+def cat_blobs(root: Path, shas: list[str]) -> dict[str, bytes]:
+    """Contents of several (small) blobs in one `git cat-file --batch` call (symlink targets)."""
+    if not shas:
+        return {}
+    p = run_git(root, "cat-file", "--batch", input=("\n".join(shas) + "\n").encode())
+    out: dict[str, bytes] = {}
+    data, pos = p.stdout, 0
+    while pos < len(data):
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            break
+        header = data[pos:nl].decode("utf-8", "replace").split()
+        pos = nl + 1
+        if len(header) == 3:
+            size = int(header[2])
+            out[header[0]] = data[pos:pos + size]
+            pos += size + 1
+    return out
+
+
+def read_blob(root: Path, sha: str, limit: int) -> bytes | None:
+    """The blob's bytes, or None when it is larger than limit (never holds more than limit+64 KB)."""
+    proc = subprocess.Popen(["git", "cat-file", "blob", sha], cwd=str(root), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=git_env())
+    assert proc.stdout is not None
+    chunks: list[bytes] = []
+    total = 0
+    too_big = False
+    try:
+        while True:
+            chunk = proc.stdout.read(65536)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > limit:
+                too_big = True
+                break
+            chunks.append(chunk)
+    finally:
+        if too_big:
+            proc.kill()
+        proc.stdout.close()
+        err = proc.stderr.read() if proc.stderr else b""
+        if proc.stderr:
+            proc.stderr.close()
+        rc = proc.wait()
+    if too_big:
+        return None
+    if rc != 0:
+        raise GitError(f"git cat-file blob {sha} failed: {err.decode('utf-8', 'replace').strip()[:200]}")
+    return b"".join(chunks)
+
+
+def iter_log_names(root: Path) -> Iterator[tuple[str, str]]:
+    """(author date ISO, path relative to root) for every file touched by every commit reachable from HEAD,
+    newest first, streamed from one `git log` process."""
+    proc = subprocess.Popen(
+        ["git", "-c", "core.quotePath=false", "log", "--relative", "--no-renames", "--name-only",
+         "--format=%x01%aI", "-z", "--", "."],
+        cwd=str(root), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=git_env(),
+    )
+    assert proc.stdout is not None
+    date = ""
+    buf = b""
+    try:
+        while True:
+            chunk = proc.stdout.read(1 << 16)
+            if not chunk:
+                break
+            buf += chunk
+            *items, buf = buf.split(b"\0")
+            for raw in items:
+                tok = raw.decode("utf-8", "surrogateescape").lstrip("\n")
+                if not tok:
+                    continue
+                if tok.startswith("\x01"):
+                    # "\x01<date>" possibly followed by "\n" and the first name when a commit has names
+                    head, _, rest = tok[1:].partition("\n")
+                    date = head.strip()
+                    rest = rest.strip("\n")
+                    if rest:
+                        yield date, rest
+                else:
+                    yield date, tok
+        tail = buf.decode("utf-8", "surrogateescape").strip("\n")
+        if tail and not tail.startswith("\x01"):
+            yield date, tail
+    finally:
+        proc.stdout.close()
+        proc.wait()

@@ -1,0 +1,217 @@
+"""Shared text helpers for readers: dates, front matter, markdown headings and marker sections."""
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+from typing import Any
+
+# --- dates -----------------------------------------------------------------------------------------
+
+_MONTHS = {m: i for i, m in enumerate(
+    ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"], start=1)}
+_ISO_RE = re.compile(r"(?<!\d)((?:19|20)\d{2})[-/.]([01]?\d)[-/.]([0-3]?\d)(?!\d)")
+_DMY_NAME_RE = re.compile(r"(?<!\d)([0-3]?\d)[-\s/.]([A-Za-z]{3,9})[-\s/.,]+((?:19|20)\d{2})(?!\d)")
+_MDY_NAME_RE = re.compile(r"\b([A-Za-z]{3,9})\.?\s+([0-3]?\d)(?:st|nd|rd|th)?,?\s+((?:19|20)\d{2})(?!\d)")
+_COMPACT_RE = re.compile(r"(?<!\d)((?:19|20)\d{2})([01]\d)([0-3]\d)(?!\d)")
+
+
+def _mk(y: int, m: int, d: int) -> str | None:
+    try:
+        return dt.date(y, m, d).isoformat()
+    except ValueError:
+        return None
+
+
+def normalize_date(value: Any) -> str | None:
+    """An ISO date (YYYY-MM-DD) from a date, datetime, or text such as 2017-07-14, 2024/07/17,
+    05-Jul-2001, July 5, 2001, 20260131; None when no date is recognisable."""
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        return value.date().isoformat()
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    s = str(value).strip()
+    if not s or len(s) > 200:
+        return None
+    m = _ISO_RE.search(s)
+    if m:
+        return _mk(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+    m = _DMY_NAME_RE.search(s)
+    if m and m.group(2)[:3].lower() in _MONTHS:
+        return _mk(int(m.group(3)), _MONTHS[m.group(2)[:3].lower()], int(m.group(1)))
+    m = _MDY_NAME_RE.search(s)
+    if m and m.group(1)[:3].lower() in _MONTHS:
+        return _mk(int(m.group(3)), _MONTHS[m.group(1)[:3].lower()], int(m.group(2)))
+    m = _COMPACT_RE.search(s)
+    if m:
+        return _mk(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+    return None
+
+
+_NAME_DATE_RE = re.compile(r"(?<!\d)((?:19|20)\d{2})[-_.]?([01]\d)[-_.]?([0-3]\d)(?!\d)")
+
+
+def date_from_name(path: str) -> str | None:
+    """Date in a file name: 2026-01-31-topic.md, 20260131_notes.md, notes-2026-01-31.md."""
+    name = path.rsplit("/", 1)[-1]
+    for m in _NAME_DATE_RE.finditer(name):
+        d = _mk(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        if d:
+            return d
+    return None
+
+
+# --- front matter ----------------------------------------------------------------------------------
+
+FRONT_MATTER_MAX = 64 * 1024
+
+
+def split_front_matter(text: str) -> tuple[dict[str, Any], str, str | None]:
+    """(metadata, body, error). YAML front matter between '---' lines at the very top (python-frontmatter's
+    YAML handler, i.e. yaml.SafeLoader). Bad YAML leaves the text untouched and returns the error."""
+    if not text.startswith("---"):
+        return {}, text, None
+    end = text.find("\n---", 3)
+    if end < 0 or end > FRONT_MATTER_MAX or text[3:4] not in ("\n", " ", "\t"):
+        return {}, text, None
+    try:
+        import frontmatter
+        post = frontmatter.loads(text)
+    except Exception as exc:  # yaml errors, odd types
+        return {}, text, f"front matter is not valid YAML: {str(exc).splitlines()[0][:200]}"
+    meta = post.metadata if isinstance(post.metadata, dict) else {}
+    return json_safe(meta), post.content, None
+
+
+def json_safe(value: Any, depth: int = 0, budget: list[int] | None = None) -> Any:
+    """Plain JSON values only, bounded (YAML aliases cannot blow up the stored metadata)."""
+    if budget is None:
+        budget = [2000]
+    budget[0] -= 1
+    if budget[0] < 0 or depth > 6:
+        return None
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, (dt.date, dt.datetime)):
+        return value.isoformat()
+    if isinstance(value, str):
+        return value[:5000]
+    if isinstance(value, dict):
+        return {str(k)[:200]: json_safe(v, depth + 1, budget) for k, v in list(value.items())[:200]}
+    if isinstance(value, (list, tuple, set)):
+        return [json_safe(v, depth + 1, budget) for v in list(value)[:500]]
+    return str(value)[:1000]
+
+
+def as_list(value: Any) -> list[str]:
+    """Tags and similar: a YAML list, or a comma/semicolon separated string."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        items = [str(v).strip() for v in value if v is not None and str(v).strip()]
+    else:
+        items = [p.strip() for p in re.split(r"[,;]", str(value)) if p.strip()]
+    out: list[str] = []
+    for it in items:
+        it = it.strip("`'\" ")
+        if it and it not in out:
+            out.append(it[:100])
+    return out[:100]
+
+
+# --- markdown structure ----------------------------------------------------------------------------
+
+_ATX_RE = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?[ \t]*#*[ \t]*$")
+_FENCE_RE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+_SETEXT_RE = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")
+
+
+@dataclass
+class Heading:
+    line: int      # 1-based
+    level: int
+    text: str
+
+
+def headings(lines: list[str]) -> list[Heading]:
+    """ATX and setext headings outside fenced code blocks and HTML comments (line based, no recursion)."""
+    out: list[Heading] = []
+    fence: str | None = None
+    in_comment = False
+    prev_text: str | None = None
+    for i, line in enumerate(lines):
+        if not line:
+            prev_text = None
+            continue
+        c = line[0]
+        if fence is not None:
+            if (c == fence[0] or c == " ") and line.lstrip().startswith(fence):
+                fence = None
+            continue
+        if in_comment:
+            if "-->" in line:
+                in_comment = False
+            continue
+        if c not in "#`~<=- ":     # the common case: a plain text line
+            prev_text = line.strip() if c not in "|>*+" else None
+            continue
+        stripped = line.strip()
+        if not stripped:
+            prev_text = None
+            continue
+        if stripped.startswith("<!--") and "-->" not in stripped[4:]:
+            in_comment = True
+            prev_text = None
+            continue
+        fm = _FENCE_RE.match(line)
+        if fm:
+            fence = fm.group(1)[0] * len(fm.group(1))
+            prev_text = None
+            continue
+        m = _ATX_RE.match(line) if stripped[0] == "#" and len(line) < 2000 else None
+        if m:
+            out.append(Heading(i + 1, len(m.group(1)), (m.group(2) or "").strip()))
+            prev_text = None
+            continue
+        sm = _SETEXT_RE.match(line) if stripped[0] in "=-" else None
+        if sm and prev_text is not None and len(prev_text) < 300:
+            out.append(Heading(i, 1 if sm.group(1)[0] == "=" else 2, prev_text))
+            prev_text = None
+            continue
+        prev_text = stripped if not stripped.startswith(("|", ">", "-", "*", "<", "+")) else None
+    return out
+
+
+def clean_inline(text: str) -> str:
+    """Heading text without markdown decoration: links -> their text, emphasis and code marks removed."""
+    t = re.sub(r"!\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    t = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", t)
+    t = re.sub(r"<[^>]{1,200}>", "", t)
+    t = t.replace("`", "").replace("**", "").replace("__", "")
+    t = re.sub(r"(?<!\w)[*_](\S.*?)[*_](?!\w)", r"\1", t)
+    return re.sub(r"\s+", " ", t).strip()
+
+
+def first_title(lines: list[str], hs: list[Heading] | None = None) -> str | None:
+    hs = headings(lines) if hs is None else hs
+    for h in hs:
+        if h.level == 1 and h.text:
+            return clean_inline(h.text)
+    for h in hs:
+        if h.text:
+            return clean_inline(h.text)
+    return None
+
+
+def slugify(text: str) -> str:
+    s = re.sub(r"[^\w\s-]", "", text.lower(), flags=re.UNICODE)
+    return re.sub(r"[\s_-]+", "-", s).strip("-")[:80] or "section"
+
+
+def title_from_path(path: str) -> str:
+    name = path.rsplit("/", 1)[-1]
+    stem = name.rsplit(".", 1)[0] if "." in name[1:] else name
+    stem = re.sub(r"[-_]+", " ", stem).strip()
+    return stem[:1].upper() + stem[1:] if stem else name
