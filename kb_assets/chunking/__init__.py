@@ -1,0 +1,105 @@
+"""Chunking: one splitter per document shape, one budgeted engine under them.
+
+    chunk_document(doc, max_tokens=254, overlap_tokens=32, count_tokens=make_token_counter())
+
+Shapes (see `detect_shape`): markdown (headings → paragraphs), rst (title adornments, PEP headers),
+text (paragraphs), code (Python `ast`, other languages tree-sitter, else line windows), transcript
+(turns), work_item (rendered fields, heading-based like markdown), session (markdown paragraphs packed
+under the nearest heading).
+
+Guarantees: every chunk's text is a contiguous slice of `doc.text` lying within its 1-based
+[start_line, end_line] (lines split on "\\n"); `count_tokens([chunk.embedding_text()])[0] ==
+chunk.token_count <= max_tokens`, and a chunk has at most max_tokens * 12 characters whatever the count;
+the same input gives the same chunks; an edit inside one section changes only that section's chunks (and a
+tiny neighbour merged into it). Every non-blank character of the document is in some chunk's text, except
+heading lines (markdown '#' / setext lines, reST titles and their adornments, transcript turn labels),
+which are carried by Chunk.heading instead (a heading cut short keeps its line in the text).
+
+`max_tokens` is the budget as `count_tokens` counts: with `make_token_counter` (no special tokens) pass the
+model window minus its special tokens (256 - 2 for all-MiniLM-L6-v2). A counter with a true
+`word_additive` attribute (make_token_counter's, for WordPiece) lets the chunker add up counts it already
+has instead of re-counting each chunk; any other counter is called on every chunk's embedding text once.
+"""
+from __future__ import annotations
+
+from kb_assets.chunking.code import code_sections, language_for
+from kb_assets.chunking.core import Engine, Lines
+from kb_assets.chunking.markdown import looks_like_markdown, markdown_sections, text_sections
+from kb_assets.chunking.rst import rst_sections
+from kb_assets.chunking.tokens import (CountTokens, TokenCounter, default_tokenizer_path, estimate_tokens,
+                                       make_token_counter)
+from kb_assets.chunking.transcript import transcript_sections
+from kb_assets.models import Chunk, SourceDocument
+
+__all__ = [
+    "chunk_document", "detect_shape", "estimate_tokens", "make_token_counter", "default_tokenizer_path",
+    "CountTokens", "TokenCounter", "language_for", "MIN_MAX_TOKENS",
+]
+
+MARKDOWN_EXTENSIONS = frozenset({".md", ".markdown", ".mdx", ".mdown", ".mkd", ".mkdn"})
+RST_EXTENSIONS = frozenset({".rst", ".rest"})
+TEXT_EXTENSIONS = frozenset({".txt", ".text", ".log"})
+MARKDOWN_KINDS = frozenset({"adr", "doc", "session", "readme", "agents_md", "memory"})
+MIN_MAX_TOKENS = 16
+
+
+def _extension(path: str) -> str:
+    name = path.rsplit("/", 1)[-1].lower()
+    dot = name.rfind(".")
+    return name[dot:] if dot > 0 else ""
+
+
+def detect_shape(doc: SourceDocument) -> str:
+    """One of: markdown, rst, text, code, transcript, work_item, session."""
+    kind = doc.kind
+    if kind == "transcript":
+        return "transcript"
+    if kind == "work_item":
+        return "work_item"
+    path = doc.path.split("#", 1)[0]
+    ext = _extension(path)
+    if ext in MARKDOWN_EXTENSIONS:
+        return "session" if kind == "session" else "markdown"
+    if ext in RST_EXTENSIONS:
+        return "rst"
+    if kind == "code":
+        return "code"
+    if ext not in TEXT_EXTENSIONS and language_for(path):
+        return "code"
+    if kind in MARKDOWN_KINDS and looks_like_markdown(doc.text):
+        return "session" if kind == "session" else "markdown"
+    return "text"
+
+
+def chunk_document(doc: SourceDocument, *, max_tokens: int, overlap_tokens: int = 32,
+                   count_tokens: CountTokens | None = None) -> list[Chunk]:
+    """Cut a document into chunks whose embedding text fits `max_tokens` (as `count_tokens` counts).
+
+    count_tokens: batch counter (list of texts → list of counts); None: `estimate_tokens`.
+    """
+    if max_tokens < MIN_MAX_TOKENS:
+        raise ValueError(f"max_tokens must be at least {MIN_MAX_TOKENS}, got {max_tokens}")
+    if overlap_tokens < 0:
+        raise ValueError(f"overlap_tokens must be 0 or more, got {overlap_tokens}")
+    text = doc.text
+    if not text or text.isspace():
+        return []
+    lines = Lines(text)
+    shape = detect_shape(doc)
+    pack = False
+    if shape in ("markdown", "work_item", "session"):
+        sections = markdown_sections(text, lines, markers=doc.kind == "agents_md")
+        if sections is None:
+            sections = text_sections(text, lines)
+        pack = shape == "session"
+    elif shape == "rst":
+        sections = rst_sections(text, lines)
+    elif shape == "transcript":
+        sections = transcript_sections(text, lines)
+        pack = True
+    elif shape == "code":
+        sections, _how = code_sections(text, doc.path, lines)
+    else:
+        sections = text_sections(text, lines)
+    engine = Engine(text, max_tokens, overlap_tokens, count_tokens or estimate_tokens, lines)
+    return engine.run(sections, pack_sections=pack)

