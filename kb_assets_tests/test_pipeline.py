@@ -78,6 +78,9 @@ def test_full_then_unchanged_run_makes_no_embedding_call(repo, db_url, conn):
     assert run.embeddings.missing_after == 0 and run.embeddings.activated
     reasons = run.documents.skip_reasons
     assert reasons.get("too-small") == 1 and reasons.get("binary") == 1, reasons
+    table = spaces.active_space(conn)[2]
+    idx = [r[0] for r in conn.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s", (table,))]
+    assert any("hnsw" in d and "vector_cosine_ops" in d for d in idx), idx
 
     emb2 = CountingEmbedder()
     again = _index(cfg, conn, emb2)

@@ -24,5 +24,6 @@ def test_spaces_are_separate_tables(conn):
     assert spaces.active_space(conn)[0] == "model-b"
     spaces.activate_space(conn, "model-a", 3)
     assert spaces.active_space(conn)[:2] == ("model-a", 3)
+    spaces.ensure_vector_index(conn, a)
     idx = conn.execute("SELECT indexdef FROM pg_indexes WHERE tablename=%s", (a,)).fetchall()
     assert any("hnsw" in r[0] and "vector_cosine_ops" in r[0] for r in idx)

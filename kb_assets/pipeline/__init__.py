@@ -41,7 +41,7 @@ def run_embeddings_stage(conn, embedder, source_key: str | None, *, batch_rows: 
 
 
 def index_sources(cfg: KbConfig, conn, *, embedder, signposter=None, source_keys: list[str] | None = None,
-                  progress: Progress = null_progress) -> dict[str, SourceRun]:
+                  progress: Progress = null_progress, refresh_query: bool = True) -> dict[str, SourceRun]:
     """Run every stage for the chosen sources in this process (what the Dagster assets do, in order)."""
     runs: dict[str, SourceRun] = {}
     for source in cfg.sources:
@@ -58,4 +58,12 @@ def index_sources(cfg: KbConfig, conn, *, embedder, signposter=None, source_keys
 
             sp = run_signposts(conn, source.key, signposter)
         runs[source.key] = SourceRun(docs, chunks, emb, sp, round(time.perf_counter() - started, 3))
+    changed = any(r.documents.new or r.documents.changed or r.documents.deleted or r.chunks.chunks_written
+                  or r.embeddings.chunks_embedded or r.embeddings.activated for r in runs.values())
+    if refresh_query and changed and all(r.embeddings.missing_after == 0 for r in runs.values()):
+        from kb_assets.query import refresh_query_stats   # recall()'s keyword statistics and document vectors
+
+        for r in runs.values():
+            r.extra["query_stats"] = refresh_query_stats(conn)
+            break
     return runs

@@ -49,6 +49,7 @@ def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int,
         rows = conn.execute(
             "SELECT id, path, kind, title, text, meta, content_hash FROM documents"
             " WHERE id = ANY(%s) AND status = 'active'", (ids,)).fetchall()
+        cut: list[tuple[int, str, list]] = []
         for doc_id, path, kind, title, text, meta, content_hash in rows:
             doc = SourceDocument(path=path, kind=kind, title=title, text=text or "", meta=meta or {})
             try:
@@ -61,24 +62,9 @@ def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int,
                     "UPDATE documents SET meta = meta || jsonb_build_object('chunk_error', %s::text) WHERE id = %s",
                     (f"{type(exc).__name__}: {exc}"[:500], doc_id))
                 continue
-            with conn.transaction():
-                # Only swap if the document is still the version we cut (a concurrent run may have moved on).
-                cur = conn.execute(
-                    "UPDATE documents SET chunked_hash = content_hash WHERE id = %s AND content_hash = %s",
-                    (doc_id, content_hash))
-                if cur.rowcount == 0:
-                    continue
-                removed = conn.execute("DELETE FROM chunks WHERE document_id = %s", (doc_id,)).rowcount
-                with conn.cursor().copy(
-                    "COPY chunks (document_id, ordinal, heading, start_line, end_line, token_count, chunk_hash, text)"
-                    " FROM STDIN"
-                ) as copy:
-                    for c in chunks:
-                        copy.write_row((doc_id, c.ordinal, c.heading.replace("\x00", ""), c.start_line, c.end_line,
-                                        c.token_count, c.chunk_hash, c.text.replace("\x00", "")))
-            stats.documents_chunked += 1
-            stats.chunks_written += len(chunks)
-            stats.chunks_removed += removed
+            cut.append((doc_id, content_hash, chunks))
+        if cut:
+            _swap(conn, cut, stats)
         progress.advance(len(ids))
     progress.done()
     stats.chunks_total = conn.execute(
@@ -86,3 +72,29 @@ def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int,
         (source_key,)).fetchone()[0]
     stats.seconds = round(time.perf_counter() - started, 3)
     return stats
+
+
+def _swap(conn: psycopg.Connection, cut: list[tuple[int, str, list]], stats: ChunkStats) -> None:
+    """Replace the chunks of a batch of documents in one short transaction: each document's old chunks stay
+    visible until its new ones are committed. Only documents still at the version that was cut are swapped
+    (a concurrent run may have moved on)."""
+    with conn.transaction():
+        ok = {r[0] for r in conn.execute(
+            "UPDATE documents d SET chunked_hash = d.content_hash FROM unnest(%s::bigint[], %s::text[]) AS v(id, h)"
+            " WHERE d.id = v.id AND d.content_hash = v.h RETURNING d.id",
+            ([c[0] for c in cut], [c[1] for c in cut]))}
+        if not ok:
+            return
+        stats.chunks_removed += conn.execute("DELETE FROM chunks WHERE document_id = ANY(%s)", (list(ok),)).rowcount
+        with conn.cursor().copy(
+            "COPY chunks (document_id, ordinal, heading, start_line, end_line, token_count, chunk_hash, text)"
+            " FROM STDIN"
+        ) as copy:
+            for doc_id, _, chunks in cut:
+                if doc_id not in ok:
+                    continue
+                for c in chunks:
+                    copy.write_row((doc_id, c.ordinal, c.heading.replace("\x00", ""), c.start_line, c.end_line,
+                                    c.token_count, c.chunk_hash, c.text.replace("\x00", "")))
+                stats.documents_chunked += 1
+                stats.chunks_written += len(chunks)

@@ -39,13 +39,17 @@ class EmbedStats:
 
 
 def _missing_query(table: str, source_key: str | None, limit: int) -> sql.Composed:
+    """The next `limit` chunk hashes without a vector after a given hash (keyset pagination: each batch starts
+    where the last ended instead of rescanning from the start, which made a full run quadratic)."""
     scope = sql.SQL("")
     if source_key is not None:
         scope = sql.SQL(" AND c.document_id IN (SELECT id FROM documents WHERE source_key = {s})").format(
             s=sql.Literal(source_key))
     return sql.SQL(
         "SELECT DISTINCT ON (c.chunk_hash) c.chunk_hash, c.heading, c.text FROM chunks c"
-        " WHERE NOT EXISTS (SELECT 1 FROM {t} e WHERE e.chunk_hash = c.chunk_hash){scope}"
+        " WHERE c.chunk_hash > %s"
+        # the repeated bound lets the anti-join range-scan the vector table's key too
+        " AND NOT EXISTS (SELECT 1 FROM {t} e WHERE e.chunk_hash = c.chunk_hash AND e.chunk_hash > %s){scope}"
         " ORDER BY c.chunk_hash LIMIT {n}"
     ).format(t=sql.Identifier(table), scope=scope, n=sql.Literal(limit))
 
@@ -73,10 +77,15 @@ def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, 
     stats = EmbedStats(source=source_key, model=embedder.model, dimension=embedder.dimension)
     missing = count_missing(conn, table, source_key)
     progress.start(f"{source_key or 'all'}: embedding", total=missing)
+    # Consistent but not durable to the last millisecond: a server crash can lose the newest batches, which
+    # the next run re-embeds; it never leaves a half-written batch. Saves a WAL flush per batch.
+    conn.execute("SET synchronous_commit = off")
+    after = ""
     while missing and (max_batches is None or stats.batches < max_batches):
-        rows = conn.execute(_missing_query(table, source_key, batch_rows)).fetchall()
+        rows = conn.execute(_missing_query(table, source_key, batch_rows), (after, after)).fetchall()
         if not rows:
             break
+        after = rows[-1][0]
         texts = [f"{heading}\n{text}" if heading else text for _, heading, text in rows]
         result = embedder.embed_documents(texts)            # network / model call: no transaction open
         vectors = np.asarray(result.vectors, dtype=np.float32)
@@ -99,6 +108,8 @@ def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, 
         stats.tokens += int(getattr(result, "tokens", 0) or 0)
         progress.advance(len(rows))
     progress.done()
+    conn.execute("SET synchronous_commit = on")
+    spaces.ensure_vector_index(conn, table)
     stats.missing_after = count_missing(conn, table, source_key)
     stats.seconds = round(time.perf_counter() - started, 3)
     return stats
