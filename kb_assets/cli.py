@@ -256,9 +256,11 @@ def cmd_recall(args) -> int:
                 if not q:
                     print(json.dumps({"id": None, "line": n, "error": "expected {\"id\", \"query\"}"}))
                     continue
-                out = recall(q, **common).to_dict()
-                out["id"] = qid
-                print(json.dumps(out, default=str) if args.json else out)
+                result = recall(q, **common)
+                if args.json:
+                    print(json.dumps(result.to_batch_line(qid), default=str, ensure_ascii=False), flush=True)
+                else:
+                    print(f"# {qid}\n{result.render_text()}\n", flush=True)
         return 0
     if not args.query:
         raise ConfigError("(command line)", "QUERY", "missing", "give a query, several queries, or --queries FILE")
@@ -273,15 +275,11 @@ def cmd_recall(args) -> int:
 def cmd_show(args) -> int:
     from kb_assets.query import show
 
+    from kb_assets.query import render_show
+
     cfg = _load(args, need_sources=False)
     doc = show(args.id, config=cfg)
-    if doc is None:
-        print(f"kb show: no document {args.id}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(doc, indent=2, default=str))
-    else:
-        print(doc.get("rendered") or f"# {doc.get('title')}\n\n{doc.get('text', '')}")
+    print(json.dumps(doc, indent=2, default=str) if args.json else render_show(doc))
     return 0
 
 
@@ -384,6 +382,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"kb: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    except Exception as exc:
+        from kb_assets.query import QueryError
+
+        if isinstance(exc, QueryError):   # bad date, unknown id, index built with another model ...
+            print(f"kb {args.verb}: {exc}", file=sys.stderr)
+            return 1
+        raise
     except KeyboardInterrupt:
         print("kb: interrupted — the index keeps its last consistent state; re-run to finish", file=sys.stderr)
         return 130

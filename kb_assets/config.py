@@ -82,6 +82,17 @@ class QuerySettings(_Strict):
     candidate_window: int = Field(200, ge=10, le=2000)
     per_document_chunks: int = Field(3, ge=1)
     min_score: float = Field(0.0, ge=0)       # relevance threshold on the fused score (0: keep all)
+    # Added for recall() (kb_assets/query, docs/QUALITY.md):
+    document_window: int = Field(100, ge=0, le=2000)   # nearest document vectors taken as candidates (0: off)
+    document_weight: float = Field(1.0, ge=0)          # that channel's weight in the fusion
+    # Relevance gate (drops weak results instead of filling the list): a result's best passage must be at
+    # least min_similarity similar to the query (null: the value calibrated for the embedder's model, 0 for
+    # an uncalibrated one) and within similarity_margin of the best result's (min_similarity + 0.15 always
+    # suffices) — or its keyword matches must cover min_keyword_coverage of the query's informative words.
+    min_similarity: float | None = Field(None, ge=-1, le=1)
+    similarity_margin: float = Field(0.15, ge=0, le=2)
+    min_keyword_coverage: float = Field(0.6, ge=0, le=1)
+    answer_tokens: int = Field(6000, ge=500)            # budget of the whole compact answer (chars / 4)
 
 
 class SourceConfig(_Strict):

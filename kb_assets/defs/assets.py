@@ -86,6 +86,7 @@ def kb_embeddings(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Mater
         stats = run_embeddings_stage(conn, embedder, key, batch_rows=kb.config.embed_batch_rows,
                                      progress=current_progress())
         record_run(conn, key, "embeddings", {"embeddings": stats.as_metadata()})
+        query_stats = _refresh_query_stats_if_changed(conn, key, stats)
     cost = 0.0
     if kb.config.embedder == "voyage":
         cost = stats.tokens / 1e6 * kb.config.voyage.price_per_million_tokens
@@ -94,7 +95,26 @@ def kb_embeddings(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Mater
         "batches": stats.batches, "tokens": stats.tokens, "estimated_cost_usd": round(cost, 6),
         "missing_after": stats.missing_after, "orphans_removed": stats.orphans_removed,
         "space_activated": stats.activated, "seconds": stats.seconds,
+        "query_stats_refreshed": bool(query_stats),
+        "query_stats_seconds": (query_stats or {}).get("seconds", 0.0),
     })
+
+
+def _refresh_query_stats_if_changed(conn, source_key: str, emb) -> dict | None:
+    """Keyword statistics and document vectors for recall(), recomputed only when this run changed the
+    index (an unchanged re-run stays cheap)."""
+    from kb_assets.query import refresh_query_stats
+
+    if emb.missing_after:
+        return None   # an incomplete space is not queried yet
+    last = conn.execute("SELECT last_run_stats FROM sources WHERE key = %s", (source_key,)).fetchone()[0] or {}
+    d, c = last.get("documents", {}), last.get("chunks", {})
+    changed = (d.get("new", 0) or d.get("changed", 0) or d.get("deleted", 0) or c.get("chunks_written", 0)
+               or c.get("chunks_removed", 0) or emb.chunks_embedded or emb.activated or emb.orphans_removed)
+    never = conn.execute("SELECT NOT EXISTS (SELECT 1 FROM query_stats)").fetchone()[0]
+    if not (changed or never):
+        return None
+    return refresh_query_stats(conn)
 
 
 @dg.asset(

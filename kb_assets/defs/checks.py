@@ -54,3 +54,38 @@ def signpost_failure_rate(kb: KbResource) -> dg.AssetCheckResult:
         passed=rate <= SIGNPOST_FAILURE_RATE_LIMIT,
         severity=dg.AssetCheckSeverity.WARN,
         metadata={"documents": active, "failing": failing, "parked": parked, "failure_rate": round(rate, 4)})
+
+
+REGRESSION_SCHEMA = "kb_regression"
+
+
+@dg.asset_check(asset=kb_embeddings, description=(
+    "The committed regression set (agent-style queries over a fixed corpus shipped in kb_assets/query/"
+    "regression/) finds its expected documents in the top 3, with the configured embedder and query settings. "
+    "The corpus is indexed into its own schema, so the check never touches the real index; after the first "
+    "run it costs only the queries."))
+def recall_regression_set(kb: KbResource) -> dg.AssetCheckResult:
+    from kb_assets.config import SourceConfig
+    from kb_assets.pipeline import index_sources
+    from kb_assets.query.regression import run_regression, source_config
+    from kb_assets.signposts.extractive import ExtractiveSignposter
+    from kb_assets.store.db import connect, migrate
+
+    cfg = kb.config.model_copy(update={"sources": [SourceConfig(**source_config())]})
+    embedder = kb.embedder()
+    with connect(kb.database_url(), register=False) as conn:
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {REGRESSION_SCHEMA}")
+        conn.execute(f"SET search_path TO {REGRESSION_SCHEMA}, public")
+        migrate(conn)
+        from pgvector.psycopg import register_vector
+
+        register_vector(conn)
+        # extractive signposts: the set measures retrieval, and must not spend LLM calls
+        index_sources(cfg, conn, embedder=embedder, signposter=ExtractiveSignposter())
+        report = run_regression(conn, "regression", embedder=embedder)
+    misses = [d for d in report["details"] if not d["ok"]]
+    return dg.AssetCheckResult(
+        passed=report["passed"], severity=dg.AssetCheckSeverity.WARN,
+        metadata={"hits": report["hits"], "total": report["total"], "mrr": report["mrr"],
+                  "misses": dg.MetadataValue.json([{k: d[k] for k in ("id", "query", "expected", "got")}
+                                                   for d in misses])})

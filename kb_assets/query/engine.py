@@ -1,0 +1,974 @@
+"""recall() and show(): the agent-facing query.
+
+Pipeline of one query (docs/QUALITY.md has the measurements behind each choice):
+
+1. Candidates, three channels, in one pipelined transaction (one round trip for all queries):
+   - chunk vectors: HNSW cosine over the active space, `hnsw.ef_search = candidate_window`, LIMIT the same;
+     a chunk text shared by many documents (licence footers, templates) is boilerplate and ignored;
+   - document vectors: the nearest documents by the mean of their chunk vectors (built by
+     refresh_query_stats) — diversity: one long transcript takes one place, not the whole window;
+   - keyword: the query's lexemes (english stemming) with their chunk frequencies from lexeme_stats; the
+     most selective ones, within a postings budget, are looked up one by one through the GIN index, each
+     match scored by IDF (or idf × ts_rank), summed per chunk, at most `per_document_chunks` per document.
+2. Collapse to documents per channel: a document's channel score is its best chunk plus a decayed share of
+   its next best chunks, at most `per_document_chunks` of them.
+3. Fuse the channels (reciprocal rank fusion, weights and k are settings; or a convex combination),
+   apply the relevance gate and `min_score`, and split: kind "code" goes to the code section.
+4. Several queries: each is ranked on its own; the union takes documents from each query's list in turn
+   (so a broad query cannot crowd out a focused one) and notes which queries matched each record.
+5. Records are fetched for the chosen documents only (one round trip): signpost (or a fallback summary),
+   dates, status, freshness; then cut to the per-record and whole-answer budgets.
+
+Nothing here imports dagster, torch, numpy or pandas at module load; psycopg and the config are imported on
+the first call, the embedding model on the first vector query.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from typing import Any, Sequence
+
+from kb_assets.query.freshness import Freshness
+from kb_assets.query.records import (
+    PASSAGE_CHARS, Record, budget_signpost, cut_words, estimate_tokens, fallback_signpost, fit_record, squash,
+)
+
+MODES = ("hybrid", "vector", "keyword")
+ID_PREFIX = "kb:"
+
+
+class QueryError(Exception):
+    """A query that cannot run as asked; str() says what to do."""
+
+
+# --------------------------------------------------------------------------------------------------------
+# Tuning knobs that are not (yet) user settings. Everything a user may want to change is in QuerySettings.
+@dataclass(frozen=True)
+class Tuning:
+    keyword_window: int = 200          # chunks taken from the keyword channel
+    keyword_max_terms: int = 24        # most selective query lexemes searched
+    keyword_postings: int = 6000       # stop adding lexemes once their summed chunk frequencies pass this
+    keyword_max_df: float = 0.2        # lexemes in more than this share of chunks are not searched
+    rank_weights: tuple[float, float, float, float] = (0.5, 0.6, 0.8, 1.0)   # ts_rank weights D, C, B, A
+    # score matches with ts_rank (term frequency, heading weight) — or by IDF only (False, the default):
+    # the chunk's tsvector is then never read, which halves the keyword channel's cost for equal hybrid
+    # quality on the PEP set (docs/QUALITY.md)
+    keyword_tf: bool = False
+    doc_decay: float = 0.3             # next-best chunks add decay^i × their score (0: best chunk only)
+    boilerplate_docs: int = 8          # a chunk text found in more documents than this is ignored (= stats.BOILERPLATE_DOCS)
+    fusion: str = "rrf"                # rrf | convex
+    # exact vector scan (instead of HNSW) when filters leave at most this many chunks
+    exact_scan_chunks: int = 20000
+    # Relevance gate (settings min_similarity / min_keyword_coverage): `gate=False` turns it off (evaluation),
+    # `min_similarity` here overrides the setting.
+    min_similarity: float | None = None
+    gate: bool = True
+
+
+# Calibrated per model (docs/QUALITY.md: PEP evaluation set, regression set, off-topic queries): the best-passage
+# similarity below which a result is noise. Unknown models get 0 (no floor) until someone measures them.
+MIN_SIMILARITY = {"all-MiniLM-L6-v2": 0.25, "sentence-transformers/all-MiniLM-L6-v2": 0.25}
+SURE_SIMILARITY_ABOVE_FLOOR = 0.15     # floor + this: similar enough whatever the best result is
+COVERAGE_MARGIN = 0.2
+
+
+def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings) -> list[_DocHit]:
+    """The relevance gate: drop weak results instead of filling the list.
+
+    Similarity (the best passage's, or the document vector's): a result is kept at or above
+    max(floor, min(best − margin, floor + 0.15)) — near the best result of this query, never below the
+    floor, and always when clearly similar (floor + 0.15). Keyword coverage (share of the query's IDF mass
+    its best chunk matches) keeps a result at or above max(min_keyword_coverage, best − 0.2) in hybrid
+    mode (a rescue for exact-term matches); in keyword-only mode, where it is the only evidence, at or above
+    max(0.1, min(best − 0.2, min_keyword_coverage)).
+    """
+    if not ranked:
+        return ranked
+    vec_on, kw_on = "vector" in channels, "keyword" in channels
+    margin = settings.similarity_margin
+    t_sim = t_cov = float("inf")
+    if vec_on:
+        best = max(h.similarity for h in ranked)
+        t_sim = max(floor, min(best - margin, floor + SURE_SIMILARITY_ABOVE_FLOOR))
+    if kw_on:
+        best_cov = max(h.coverage for h in ranked)
+        if vec_on:
+            t_cov = max(settings.min_keyword_coverage, best_cov - COVERAGE_MARGIN)
+        else:
+            t_cov = max(0.1, min(best_cov - COVERAGE_MARGIN, settings.min_keyword_coverage))
+    return [h for h in ranked
+            if (vec_on and (h.vec or h.d_sim is not None) and h.similarity >= t_sim)
+            or (kw_on and h.kw and h.coverage >= t_cov)]
+
+
+DEFAULT_TUNING = Tuning()
+
+
+# --------------------------------------------------------------------------------------------------------
+@dataclass
+class RecallResult:
+    queries: list[str]
+    documents: list[Record]
+    code: list[Record]
+    mode: str = "hybrid"
+    timings: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    candidates: dict[str, Any] = field(default_factory=dict)   # per query: distinct documents per channel
+    ranked: list[list[tuple[str, float]]] = field(default_factory=list)  # per query: (id, score), all kinds
+    channel_scores: dict[str, dict[str, float | None]] = field(default_factory=dict)  # first query, per id
+
+    @property
+    def query(self) -> str:
+        return self.queries[0] if len(self.queries) == 1 else " | ".join(self.queries)
+
+    @property
+    def truncated(self) -> bool:
+        return any(r.truncated for r in self.documents) or any(r.truncated for r in self.code)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "query": self.query,
+            "queries": list(self.queries),
+            "mode": self.mode,
+            "documents": [r.to_dict(self.queries) for r in self.documents],
+            "code": [r.to_dict(self.queries) for r in self.code],
+            "truncated": self.truncated,
+            "timings": self.timings,
+        }
+        if self.warnings:
+            d["warnings"] = list(self.warnings)
+        body = json.dumps(d, ensure_ascii=False, separators=(",", ":"))
+        d["token_estimate"] = estimate_tokens(body) + 6
+        return d
+
+    def to_batch_line(self, qid: Any) -> dict[str, Any]:
+        """One line of `kb recall --queries Q.jsonl --json`: {"id", "documents", "code", ...}."""
+        d = self.to_dict()
+        return {"id": qid, **{k: v for k, v in d.items() if k not in ("query",)}}
+
+    def to_json(self, **kw) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, **kw)
+
+    def render_text(self) -> str:
+        """Compact text for agents: numbered records per section, ending with "~N tokens"."""
+        multi = len(self.queries) > 1
+        out: list[str] = []
+        if multi:
+            out.append("queries: " + "  ".join(f"q{i + 1}={q!r}" for i, q in enumerate(self.queries)))
+        else:
+            out.append(f"recall {self.queries[0]!r}")
+        for w in self.warnings:
+            out.append(f"warning: {w}")
+        out.append(f"## documents ({len(self.documents)})" if self.documents else "## documents: none above threshold")
+        out += [r.text for r in self.documents]
+        if self.code:
+            out.append(f"## code ({len(self.code)})")
+            out += [r.text for r in self.code]
+        if self.truncated:
+            out.append("(… = cut to the record budget; `kb show <id>` gives the whole document)")
+        else:
+            out.append("(`kb show <id>` gives the whole document)")
+        body = "\n".join(out)
+        n = estimate_tokens(body)
+        n = estimate_tokens(body + f"\n~{n} tokens")
+        return body + f"\n~{n} tokens"
+
+    def __str__(self) -> str:
+        return self.render_text()
+
+
+# --------------------------------------------------------------------------------------------------------
+# Connections and embedders are cached per process: an agent's Python session pays the model load and the
+# database start once.
+_cache_lock = threading.Lock()
+_urls: dict[tuple[str, str], str] = {}
+_conns: dict[tuple[str, int], Any] = {}
+_embedders: dict[tuple, Any] = {}
+
+
+def _resolve_config(config):
+    if config is None or isinstance(config, str) or hasattr(config, "__fspath__"):
+        from kb_assets.config import load_config
+        return load_config(config)
+    return config
+
+
+def _connection_for(cfg):
+    from kb_assets.store.db import connect, open_database
+
+    key = (cfg.config_path, cfg.effective_database_url() or str(cfg.data_path()))
+    with _cache_lock:
+        url = _urls.get(key)
+    if url is None:
+        url = open_database(cfg)
+        with _cache_lock:
+            _urls[key] = url
+    ckey = (url, threading.get_ident())
+    with _cache_lock:
+        conn = _conns.get(ckey)
+    if conn is None or conn.closed or conn.broken:
+        conn = connect(url, register=False)
+        with _cache_lock:
+            _conns[ckey] = conn
+    return conn
+
+
+def _embedder_for(cfg):
+    settings = cfg.local if cfg.embedder == "local" else cfg.voyage
+    key = (cfg.embedder, settings.model_dump_json())
+    with _cache_lock:
+        emb = _embedders.get(key)
+    if emb is None:
+        from kb_assets.embedding import make_embedder
+        emb = make_embedder(cfg)
+        with _cache_lock:
+            _embedders[key] = emb
+    return emb
+
+
+def _as_list(v: str | Sequence[str] | None) -> list[str] | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return [v]
+    out = [str(x) for x in v]
+    return out or None
+
+
+# --------------------------------------------------------------------------------------------------------
+# Dates in document metadata come in many spellings (ISO, "05-Jul-2001", "July 5, 2001", ...).
+_DATE_FORMATS = ("%d-%b-%Y", "%d-%B-%Y", "%d %b %Y", "%d %B %Y", "%b %d, %Y", "%B %d, %Y", "%Y/%m/%d",
+                 "%Y.%m.%d", "%d.%m.%Y", "%Y-%m")
+
+
+def parse_date(value: Any) -> date | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        return value.date()
+    if isinstance(value, date):
+        return value
+    s = str(value).strip()
+    if not s:
+        return None
+    m = re.match(r"\d{4}-\d{2}-\d{2}", s)
+    if m:
+        try:
+            return date.fromisoformat(m.group(0))
+        except ValueError:
+            return None
+    s = s.split("(")[0].strip().rstrip(",")
+    for fmt in _DATE_FORMATS:
+        try:
+            return datetime.strptime(s, fmt).date()
+        except ValueError:
+            continue
+    return None
+
+
+def _meta_dates(meta: dict[str, Any]) -> tuple[str | None, str | None]:
+    created = meta.get("created") or meta.get("date")
+    updated = meta.get("updated") or meta.get("last_modified") or meta.get("modified")
+    return _fmt_date(created), _fmt_date(updated)
+
+
+def _fmt_date(v: Any) -> str | None:
+    if v in (None, ""):
+        return None
+    d = parse_date(v)
+    return d.isoformat() if d else str(v)[:30]
+
+
+def _doc_date(meta: dict[str, Any]) -> date | None:
+    for k in ("updated", "last_modified", "modified", "date", "created"):
+        d = parse_date(meta.get(k))
+        if d:
+            return d
+    return None
+
+
+# --------------------------------------------------------------------------------------------------------
+@dataclass
+class _Filters:
+    sources: list[str] | None = None
+    kinds: list[str] | None = None
+    tags: list[str] | None = None
+    path_prefix: str | None = None
+    since: date | None = None
+    until: date | None = None
+
+    @property
+    def any_sql(self) -> bool:
+        return bool(self.sources or self.kinds or self.tags or self.path_prefix)
+
+    @property
+    def any_date(self) -> bool:
+        return self.since is not None or self.until is not None
+
+    def sql(self) -> tuple[str, dict[str, Any]]:
+        parts, params = [], {}
+        if self.sources:
+            parts.append("d.source_key = ANY(%(f_sources)s)")
+            params["f_sources"] = self.sources
+        if self.kinds:
+            parts.append("d.kind = ANY(%(f_kinds)s)")
+            params["f_kinds"] = self.kinds
+        if self.tags:
+            # tags live in meta (from the file) and in the signpost; both are lowercase-compared
+            parts.append(
+                "(EXISTS (SELECT 1 FROM jsonb_array_elements_text(CASE WHEN jsonb_typeof(d.meta->'tags') = 'array'"
+                " THEN d.meta->'tags' ELSE '[]'::jsonb END) t WHERE lower(t) = ANY(%(f_tags)s))"
+                " OR EXISTS (SELECT 1 FROM signpost_state st JOIN signposts sp USING (content_hash, generator, model,"
+                " prompt_version) WHERE st.document_id = d.id AND jsonb_typeof(sp.payload->'tags') = 'array'"
+                " AND EXISTS (SELECT 1 FROM jsonb_array_elements_text(sp.payload->'tags') t2"
+                " WHERE lower(t2) = ANY(%(f_tags)s))))")
+            params["f_tags"] = [t.lower() for t in self.tags]
+        if self.path_prefix:
+            parts.append("starts_with(d.path, %(f_prefix)s)")
+            params["f_prefix"] = self.path_prefix
+        return ("".join(" AND " + p for p in parts), params)
+
+
+@dataclass
+class _DocHit:
+    doc_id: int
+    kind: str
+    vec: list[tuple[float, int]] = field(default_factory=list)   # (similarity, chunk id)
+    kw: list[tuple[float, int]] = field(default_factory=list)    # (keyword score, chunk id)
+    d_sim: float | None = None                                   # document-vector similarity
+    v_score: float = 0.0
+    k_score: float = 0.0
+    v_rank: int | None = None
+    k_rank: int | None = None
+    d_rank: int | None = None
+    score: float = 0.0
+    coverage: float = 0.0        # share of the query's IDF mass that the best keyword chunk matches
+
+    @property
+    def similarity(self) -> float:
+        return max([s for s, _ in self.vec] + ([self.d_sim] if self.d_sim is not None else []), default=0.0)
+
+    def best_chunk(self) -> int | None:
+        if self.vec and (not self.kw or self.v_rank is not None and (self.k_rank is None or self.v_rank <= self.k_rank)):
+            return max(self.vec)[1]
+        if self.kw:
+            return max(self.kw)[1]
+        return None
+
+
+def _aggregate(scores: list[tuple[float, int]], cap: int, decay: float) -> float:
+    top = sorted((s for s, _ in scores), reverse=True)[:cap]
+    return sum(s * (decay ** i) for i, s in enumerate(top)) if top else 0.0
+
+
+def _tsquery_literal(lexeme: str) -> str:
+    return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+_KEYWORD_TAIL = (
+    " m AS (SELECT c.id, c.document_id, sum(sel.idf * ts_rank(%(wts)s::float4[], c.tsv, sel.tq)) AS s,"
+    " sum(sel.idf) AS cov"
+    " FROM sel CROSS JOIN LATERAL (SELECT id, document_id, tsv FROM chunks WHERE tsv @@ sel.tq) c"
+    " GROUP BY c.id, c.document_id),"
+    # every matching chunk is scored anyway (the postings budget bounds them), so the per-document cap
+    # costs nothing here: at most `per_document_chunks` chunks of one document enter the window
+    " r AS (SELECT m.*, row_number() OVER (PARTITION BY m.document_id ORDER BY m.s DESC, m.id) AS n"
+    " FROM m{filter_join}),"
+    " top AS (SELECT * FROM r WHERE n <= %(cap)s ORDER BY s DESC, id LIMIT %(kw_window)s)"
+    " SELECT top.id, top.document_id, d.kind, top.s, top.cov, (SELECT sum(idf) FROM allw), (SELECT count(*) FROM sel)"
+    " FROM top JOIN documents d ON d.id = top.document_id WHERE d.status = 'active' ORDER BY top.s DESC, top.id")
+
+# The query's lexemes with their chunk frequencies; the most selective ones within the postings budget are
+# searched. Lexemes unknown to the statistics (new since the last refresh) count as rare. The lexeme is
+# quoted as a tsquery literal (quotes doubled, backslashes escaped) so that no parser splits it again.
+_KEYWORD_SQL = (
+    "WITH q AS (SELECT t.lexeme, coalesce(s.ndoc, 1)::float8 AS df"
+    " FROM unnest(to_tsvector('english', %(text)s)) t LEFT JOIN lexeme_stats s ON s.lexeme = t.lexeme"
+    " WHERE length(t.lexeme) <= 60),"
+    " allw AS (SELECT lexeme, df, ln(1 + (%(n)s - df + 0.5) / (df + 0.5)) AS idf,"
+    " sum(df) OVER (ORDER BY df, lexeme) AS cum, row_number() OVER (ORDER BY df, lexeme) AS rn FROM q),"
+    " sel AS (SELECT (chr(39) || replace(replace(lexeme, chr(92), chr(92) || chr(92)), chr(39), chr(39) || chr(39))"
+    " || chr(39))::tsquery AS tq, idf"
+    " FROM allw WHERE df <= %(max_df)s AND (rn = 1 OR cum <= %(postings)s) AND rn <= %(max_terms)s),"
+    + _KEYWORD_TAIL)
+
+# Without statistics (never refreshed): the lexemes chosen in Python, all counted as equally rare.
+_KEYWORD_SQL_NOSTATS = (
+    "WITH allw AS (SELECT unnest(%(all_idf)s::float8[]) AS idf),"
+    " sel AS (SELECT tq, idf FROM unnest(%(tqs)s::tsquery[], %(idfs)s::float8[]) AS t(tq, idf)),"
+    + _KEYWORD_TAIL)
+
+
+class _Searcher:
+    """One recall() call's database work: one round trip for the set-up, one pipelined round trip for the
+    candidate searches of every query, one for the records."""
+
+    def __init__(self, conn, settings, tuning: Tuning, filters: _Filters):
+        self.conn = conn
+        self.s = settings
+        self.t = tuning
+        self.f = filters
+        self.space: tuple[str, int, str] | None = None
+        self.doc_table: str | None = None
+        self.n_chunks = 1
+        self.have_stats = False
+        self.exact = False
+
+    def prepare(self, need_vectors: bool) -> None:
+        fsql, fparams = self.f.sql()
+        count = ("(SELECT count(*) FROM (SELECT 1 FROM documents d JOIN chunks c ON c.document_id = d.id"
+                 " WHERE d.status = 'active'" + fsql + " LIMIT %(lim)s) x)") if (self.f.any_sql and need_vectors) \
+            else "NULL::bigint"
+        row = self.conn.execute(
+            "SELECT s.model, s.dimension, s.table_name, to_regclass(quote_ident(left(s.table_name || '_docs', 63)))"
+            " IS NOT NULL, (SELECT n_chunks FROM query_stats WHERE id = 1),"
+            " (SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'chunks'::regclass), " + count +
+            " FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT model, dimension, table_name FROM embedding_spaces"
+            " WHERE activated_at IS NOT NULL ORDER BY activated_at DESC LIMIT 1) s ON true",
+            {**fparams, "lim": self.t.exact_scan_chunks + 1}).fetchone()
+        model, dim, table, has_docs, n_stats, n_est, n_filtered = row
+        if table is not None:
+            from kb_assets.query.stats import doc_vector_table
+            self.space = (model, int(dim), table)
+            self.doc_table = doc_vector_table(table) if has_docs else None
+        self.have_stats = n_stats is not None
+        self.n_chunks = max(1, int(n_stats if n_stats is not None else (n_est or 0)))
+        # Filters that leave few chunks: an exact scan over them returns the full window (HNSW in
+        # pgvector < 0.8 returns at most ef_search rows *before* filtering).
+        self.exact = n_filtered is not None and n_filtered <= self.t.exact_scan_chunks
+
+    # ---- SQL per channel
+    def vector_sql(self):
+        from psycopg import sql
+
+        fsql, _ = self.f.sql()
+        t = sql.Identifier(self.space[2])
+        if self.f.any_sql and self.exact:
+            return sql.SQL(
+                "SELECT c.id, c.document_id, d.kind, 1 - (e.embedding <=> %(q)s::vector) AS sim, md5(c.text)"
+                " FROM documents d JOIN chunks c ON c.document_id = d.id JOIN {t} e ON e.chunk_hash = c.chunk_hash"
+                " WHERE d.status = 'active'" + fsql +
+                " ORDER BY (e.embedding <=> %(q)s::vector) + 0 LIMIT %(w)s").format(t=t)
+        return sql.SQL(
+            "WITH v AS MATERIALIZED (SELECT chunk_hash, embedding <=> %(q)s::vector AS dist FROM {t}"
+            " ORDER BY embedding <=> %(q)s::vector LIMIT %(w)s)"
+            " SELECT c.id, c.document_id, d.kind, 1 - v.dist AS sim, md5(c.text)"
+            " FROM v JOIN chunks c ON c.chunk_hash = v.chunk_hash JOIN documents d ON d.id = c.document_id"
+            " WHERE d.status = 'active'" + fsql).format(t=t)
+
+    def documents_sql(self):
+        """Nearest documents by their mean chunk vector (absent until refresh_query_stats has built them)."""
+        from psycopg import sql
+
+        fsql, _ = self.f.sql()
+        t = sql.Identifier(self.doc_table)
+        if self.f.any_sql:
+            return sql.SQL("SELECT x.document_id, d.kind, 1 - (x.embedding <=> %(q)s::vector) FROM {t} x"
+                           " JOIN documents d ON d.id = x.document_id WHERE d.status = 'active'" + fsql +
+                           " ORDER BY (x.embedding <=> %(q)s::vector) + 0 LIMIT %(dw)s").format(t=t)
+        return sql.SQL("WITH v AS MATERIALIZED (SELECT document_id, embedding <=> %(q)s::vector AS dist FROM {t}"
+                       " ORDER BY embedding <=> %(q)s::vector LIMIT %(dw)s)"
+                       " SELECT v.document_id, d.kind, 1 - v.dist FROM v JOIN documents d ON d.id = v.document_id"
+                       " WHERE d.status = 'active'").format(t=t)
+
+    def keyword_sql(self) -> str:
+        fsql, _ = self.f.sql()
+        base = _KEYWORD_SQL if self.have_stats else _KEYWORD_SQL_NOSTATS
+        if not self.t.keyword_tf:   # no ts_rank: the chunk's tsvector is never read (no detoasting)
+            base = base.replace("ts_rank(%(wts)s::float4[], c.tsv, sel.tq)", "(0.3 + 0 * cardinality(%(wts)s::float4[]))") \
+                .replace("SELECT id, document_id, tsv FROM chunks", "SELECT id, document_id FROM chunks")
+        # without filters the documents are joined only for the window's rows (chunks exist only for
+        # active documents; the final join re-checks)
+        join = (" JOIN documents d ON d.id = m.document_id WHERE d.status = 'active'" + fsql) if fsql else ""
+        return base.replace("{filter_join}", join)
+
+    def keyword_params(self, text: str) -> dict[str, Any]:
+        p: dict[str, Any] = {"wts": list(self.t.rank_weights), "cap": self.s.per_document_chunks,
+                             "kw_window": self.t.keyword_window}
+        if self.have_stats:
+            p.update(text=text, n=float(self.n_chunks), max_df=self.t.keyword_max_df * self.n_chunks,
+                     postings=self.t.keyword_postings, max_terms=self.t.keyword_max_terms)
+        else:
+            lexemes = [r[0] for r in self.conn.execute(
+                "SELECT lexeme FROM unnest(to_tsvector('english', %s)) WHERE length(lexeme) <= 60", (text,))]
+            idf = math.log(1 + (self.n_chunks - 0.5) / 1.5)
+            chosen = sorted(lexemes, key=lambda x: (-len(x), x))[:8]   # longest words: usually the rarest
+            p.update(all_idf=[idf] * len(lexemes), tqs=[_tsquery_literal(x) for x in chosen],
+                     idfs=[idf] * len(chosen))
+        return p
+
+    def search(self, items: list[tuple[str, str | None]], channels: list[str]) -> list[dict[str, list]]:
+        """Candidates of every query in one pipelined transaction: {channel: rows} per query."""
+        _, fparams = self.f.sql()
+        plan = []   # (query index, channel, sql, params, ef_search)
+        for i, (text, qlit) in enumerate(items):
+            if "vector" in channels:
+                plan.append((i, "vector", self.vector_sql(), {"q": qlit, "w": self.s.candidate_window, **fparams},
+                             self.s.candidate_window))
+            if "document" in channels and self.doc_table and self.s.document_window > 0:
+                plan.append((i, "document", self.documents_sql(), {"q": qlit, "dw": self.s.document_window,
+                                                                   **fparams}, self.s.document_window))
+            if "keyword" in channels:
+                plan.append((i, "keyword", self.keyword_sql(), {**self.keyword_params(text), **fparams}, None))
+        out: list[dict[str, list]] = [{} for _ in items]
+        if not plan:
+            return out
+        conn = self.conn
+        cursors = []
+        with conn.pipeline():
+            with conn.transaction():
+                # small, index-driven queries: JIT compilation and parallel workers only add start-up time
+                conn.execute("SET LOCAL jit = off")
+                conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
+                ef_now = None
+                for i, ch, q, params, ef in plan:
+                    if ef is not None and ef != ef_now:     # pgvector accepts 1..1000
+                        conn.execute(f"SET LOCAL hnsw.ef_search = {min(1000, max(10, int(ef)))}")
+                        ef_now = ef
+                    cur = conn.cursor()
+                    cur.execute(q, params)
+                    cursors.append((i, ch, cur))
+        for i, ch, cur in cursors:
+            out[i][ch] = cur.fetchall()
+        return out
+
+
+def _fuse(hits: dict[int, _DocHit], channels: list[str], settings, tuning: Tuning) -> list[_DocHit]:
+    """Rank documents per channel, then fuse the ranks (RRF) or the normalized scores (convex)."""
+    cap = settings.per_document_chunks
+    for h in hits.values():
+        h.v_score = _aggregate(h.vec, cap, tuning.doc_decay)
+        h.k_score = _aggregate(h.kw, cap, tuning.doc_decay)
+    spec = {  # channel -> (has evidence, score, rank attribute, weight)
+        "vector": (lambda h: bool(h.vec), lambda h: h.v_score, "v_rank", settings.vector_weight),
+        "document": (lambda h: h.d_sim is not None, lambda h: h.d_sim or 0.0, "d_rank", settings.document_weight),
+        "keyword": (lambda h: bool(h.kw), lambda h: h.k_score, "k_rank", settings.keyword_weight),
+    }
+    active = [c for c in channels if spec[c][3] > 0] or channels
+    for c in active:
+        has, score, rank_attr, _w = spec[c]
+        ranked = sorted((h for h in hits.values() if has(h)), key=lambda h: (-score(h), h.doc_id))
+        for i, h in enumerate(ranked, 1):
+            setattr(h, rank_attr, i)
+    wsum = sum(spec[c][3] for c in active) or 1.0
+    if tuning.fusion == "rrf":
+        k = settings.rrf_k
+        for h in hits.values():
+            s = 0.0
+            for c in active:
+                r = getattr(h, spec[c][2])
+                if r is not None:
+                    s += spec[c][3] / (k + r)
+            h.score = s * (k + 1) / wsum          # 1.0 = first in every channel
+    else:  # convex: similarities as they are (clamped to 0..1), keyword scores relative to the best one
+        kmax = max((h.k_score for h in hits.values()), default=0.0) or 1.0
+        vnorm = sum(tuning.doc_decay ** i for i in range(cap)) or 1.0
+        for h in hits.values():
+            s = 0.0
+            for c in active:
+                has, score, _r, w = spec[c]
+                if not has(h):
+                    continue
+                x = score(h) / (kmax if c == "keyword" else vnorm if c == "vector" else 1.0)
+                s += w * max(0.0, min(1.0, x))
+            h.score = s / wsum
+    return sorted(hits.values(), key=lambda h: (-h.score, h.doc_id))
+
+
+# --------------------------------------------------------------------------------------------------------
+def recall(queries: str | Sequence[str], *, config=None, limit: int | None = None, code_limit: int | None = None,
+           source: str | Sequence[str] | None = None, kind: str | Sequence[str] | None = None,
+           tag: str | Sequence[str] | None = None, path_prefix: str | None = None,
+           since: date | str | None = None, until: date | str | None = None, include_passage: bool = False,
+           mode: str = "hybrid", record_chars: int | None = None, embedder=None, conn=None,
+           min_score: float | None = None, tuning: Tuning | None = None,
+           ranked_ids: bool = False, answer_tokens: int | None = None) -> RecallResult:
+    """Ranked signposts for one or several queries: `documents` (default 20) and `code` (default 10).
+
+    `config`: a KbConfig, a path to kb.yaml, or None (the usual lookup; with `conn` given and no config,
+    the default settings). `embedder`: anything with `.embed_query(text)`, `.model`, `.dimension` (default:
+    the config's). `conn`: a psycopg connection (default: one cached per process for the config's database).
+    `answer_tokens` bounds the whole compact answer (records shrink evenly to fit; default 6,000 tokens);
+    `min_score` overrides the threshold setting; `tuning` the internal knobs (evaluation); `ranked_ids`
+    fills `result.ranked` with every candidate's (id, score) per query, all kinds, before the limits
+    (evaluation: Recall@100).
+    """
+    t_start = time.perf_counter()
+    qs = [queries] if isinstance(queries, str) else list(queries)
+    qs = [squash(q) for q in qs]
+    if not qs or any(not q for q in qs):
+        raise QueryError("empty query: pass a non-empty string or list of strings")
+    if mode not in MODES:
+        raise QueryError(f"unknown mode {mode!r}: use one of {', '.join(MODES)}")
+    cfg = None if (config is None and conn is not None) else _resolve_config(config)
+    if cfg is not None:
+        settings = cfg.query
+    else:
+        from kb_assets.config import QuerySettings
+        settings = QuerySettings()
+    tuning = tuning or DEFAULT_TUNING
+    limit = settings.documents_limit if limit is None else int(limit)
+    code_limit = settings.code_limit if code_limit is None else int(code_limit)
+    record_chars = settings.record_chars if record_chars is None else int(record_chars)
+    min_score = settings.min_score if min_score is None else float(min_score)
+    if answer_tokens is None:
+        answer_tokens = settings.answer_tokens
+    if limit < 0 or code_limit < 0:
+        raise QueryError("limit and code_limit must be ≥ 0")
+    if record_chars < 120:
+        raise QueryError("record_chars must be at least 120")
+    try:
+        since_d = parse_date(since) if since is not None else None
+        until_d = parse_date(until) if until is not None else None
+    except Exception:  # pragma: no cover - parse_date returns None rather than raising
+        since_d = until_d = None
+    if since is not None and since_d is None:
+        raise QueryError(f"cannot read the date {since!r}: use YYYY-MM-DD")
+    if until is not None and until_d is None:
+        raise QueryError(f"cannot read the date {until!r}: use YYYY-MM-DD")
+    filters = _Filters(_as_list(source), _as_list(kind), _as_list(tag), path_prefix or None, since_d, until_d)
+
+    if conn is None:
+        conn = _connection_for(cfg)
+    result = RecallResult(queries=qs, documents=[], code=[], mode=mode)
+    searcher = _Searcher(conn, settings, tuning, filters)
+    searcher.prepare(need_vectors=mode != "keyword")
+    space = searcher.space
+    if mode != "keyword" and space is None:
+        if mode == "vector":
+            raise QueryError("no vectors are indexed yet: run `kb index` (or use mode='keyword')")
+        result.warnings.append("no vectors indexed yet: keyword search only (run `kb index`)")
+        mode = "keyword"
+    if mode != "keyword":
+        if embedder is None:
+            if cfg is None:
+                from kb_assets.config import KbConfig
+                cfg = KbConfig()
+            embedder = _embedder_for(cfg)
+        if (embedder.model, int(embedder.dimension)) != (space[0], int(space[1])):
+            raise QueryError(
+                f"the index was built with {space[0]} ({space[1]}-d); the config says {embedder.model} "
+                f"({embedder.dimension}-d): run `kb index` to build the new space, or set the embedder back")
+    channels = {"hybrid": ["vector", "document", "keyword"], "vector": ["vector", "document"],
+                "keyword": ["keyword"]}[mode]
+    if "keyword" in channels and not searcher.have_stats:
+        result.warnings.append("keyword statistics are missing: run `kb index` (refresh_query_stats) "
+                               "for better keyword search")
+
+    # ---- embed every query (outside any transaction: the embedder may be a network call)
+    embed_s = 0.0
+    items: list[tuple[str, str | None]] = []
+    for qtext in qs:
+        qlit = None
+        if "vector" in channels:
+            t0 = time.perf_counter()
+            qvec = embedder.embed_query(qtext)
+            embed_s += time.perf_counter() - t0
+            if len(qvec) != int(space[1]):
+                raise QueryError(f"the embedder returned {len(qvec)} numbers, the index holds {space[1]}-d vectors")
+            qlit = "[" + ",".join(repr(float(x)) for x in qvec) + "]"
+        items.append((qtext, qlit))
+
+    # ---- candidates (one round trip for all queries and channels), collapse, fusion
+    t0 = time.perf_counter()
+    found = searcher.search(items, channels)
+    per_query: list[list[_DocHit]] = []
+    hits_by_query: list[dict[int, _DocHit]] = []
+    for rows_by_channel in found:
+        hits: dict[int, _DocHit] = {}
+        stats: dict[str, Any] = {}
+        rows = rows_by_channel.get("vector")
+        if rows is not None:
+            docs_per_hash: dict[str, set[int]] = defaultdict(set)
+            for _cid, did, _k, _s, h in rows:
+                docs_per_hash[h].add(did)
+            for cid, did, k, sim, h in rows:
+                if len(docs_per_hash[h]) > tuning.boilerplate_docs:
+                    continue      # boilerplate shared by many documents (licence footers, templates)
+                hits.setdefault(did, _DocHit(did, k)).vec.append((float(sim), cid))
+            stats["vector_chunks"] = len(rows)
+            stats["vector_docs"] = len({r[1] for r in rows})
+        rows = rows_by_channel.get("document")
+        if rows is not None:
+            for did, k, sim in rows:
+                hits.setdefault(did, _DocHit(did, k)).d_sim = float(sim)
+            stats["document_docs"] = len(rows)
+        rows = rows_by_channel.get("keyword")
+        if rows is not None:
+            mass = float(rows[0][5] or 1.0) if rows else 1.0
+            for cid, did, k, s, cov, _mass, _n in rows:
+                h = hits.setdefault(did, _DocHit(did, k))
+                h.kw.append((float(s) / mass, cid))
+                h.coverage = max(h.coverage, float(cov) / mass)
+            stats["keyword_terms"] = int(rows[0][6]) if rows else 0
+            stats["keyword_chunks"] = len(rows)
+            stats["keyword_docs"] = len({r[1] for r in rows})
+        ranked = _fuse(hits, [c for c in channels if c in rows_by_channel], settings, tuning)
+        stats["distinct_docs"] = len(ranked)
+        result.candidates.setdefault("per_query", []).append(stats)
+        per_query.append(ranked)
+        hits_by_query.append(hits)
+    search_s = time.perf_counter() - t0
+
+    # ---- date filter (metadata dates have free-form spellings: applied in Python on candidate documents)
+    t0 = time.perf_counter()
+    if filters.any_date:
+        ids = sorted({h.doc_id for ranked in per_query for h in ranked})
+        metas = dict(conn.execute("SELECT id, meta FROM documents WHERE id = ANY(%s)", (ids,)).fetchall()) if ids else {}
+        keep = set()
+        for did, meta in metas.items():
+            d = _doc_date(meta or {})
+            if d is None:
+                continue
+            if filters.since and d < filters.since:
+                continue
+            if filters.until and d > filters.until:
+                continue
+            keep.add(did)
+        per_query = [[h for h in ranked if h.doc_id in keep] for ranked in per_query]
+
+    # ---- threshold, sections, union over queries
+    if tuning.gate:
+        floor = tuning.min_similarity if tuning.min_similarity is not None else settings.min_similarity
+        if floor is None:
+            floor = MIN_SIMILARITY.get(getattr(embedder, "model", ""), 0.0) if embedder is not None else 0.0
+        per_query = [_gate(ranked, channels, floor, settings) for ranked in per_query]
+    per_query = [[h for h in ranked if h.score >= min_score] for ranked in per_query]
+    chosen_docs = _union([[h for h in r if h.kind != "code"] for r in per_query], limit)
+    chosen_code = _union([[h for h in r if h.kind == "code"] for r in per_query], code_limit)
+    search_s += time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    fresh = Freshness()
+    records = _fetch_records(conn, [h for h, _ in chosen_docs + chosen_code], fresh, include_passage)
+    multi = len(qs) > 1
+
+    def build(budget: int) -> tuple[list[Record], list[Record]]:
+        sections: tuple[list[Record], list[Record]] = ([], [])
+        for target, section, chosen in ((sections[0], "documents", chosen_docs), (sections[1], "code", chosen_code)):
+            for h, qidx in chosen:
+                base = records.get(h.doc_id)
+                if base is None:      # deleted between the search and the fetch
+                    continue
+                rec = _make_record(base, h, section, qidx)
+                fit_record(rec, budget, rank=len(target) + 1, multi=multi)
+                target.append(rec)
+        return sections
+
+    # The whole answer has a budget too (answer_tokens): when the records would exceed it, every record's
+    # budget shrinks in proportion (never below 200 characters).
+    budget = record_chars
+    docs_out, code_out = build(budget)
+    allowed = answer_tokens * 4 - 400          # chars/4 estimate; room for the header and footer lines
+    for _ in range(3):
+        total = sum(len(r.text) + 1 for r in docs_out + code_out)
+        if total <= allowed or budget <= 200:
+            break
+        budget = max(200, int(budget * allowed / total))
+        docs_out, code_out = build(budget)
+    result.documents, result.code = docs_out, code_out
+    result.candidates["record_chars"] = budget
+    fetch_s = time.perf_counter() - t0
+    if ranked_ids:
+        all_hits = hits_by_query
+        ids = sorted({h.doc_id for ranked in per_query for h in ranked} | set(all_hits[0]))
+        names = {did: make_id(src, path) for did, src, path in conn.execute(
+            "SELECT id, source_key, path FROM documents WHERE id = ANY(%s)", (ids,)).fetchall()} if ids else {}
+        result.ranked = [[(names.get(h.doc_id, f"#{h.doc_id}"), h.score) for h in ranked] for ranked in per_query]
+        result.channel_scores = {names.get(h.doc_id, f"#{h.doc_id}"): {
+            "vector": h.v_score, "document": h.d_sim, "keyword": h.k_score, "similarity": h.similarity,
+            "coverage": h.coverage} for h in all_hits[0].values()}
+    result.mode = mode
+    total = time.perf_counter() - t_start
+    result.timings = {"embed_ms": round(embed_s * 1000, 2), "search_ms": round(search_s * 1000, 2),
+                      "fetch_ms": round(fetch_s * 1000, 2), "total_ms": round(total * 1000, 2),
+                      "recall_ms": round((total - embed_s) * 1000, 2)}
+    return result
+
+
+def _union(lists: list[list[_DocHit]], limit: int) -> list[tuple[_DocHit, list[int]]]:
+    """Round-robin over the per-query lists (deduplicated), then ordered by best score."""
+    if limit <= 0:
+        return []
+    matched: dict[int, list[int]] = defaultdict(list)
+    best: dict[int, _DocHit] = {}
+    for qi, ranked in enumerate(lists):
+        for h in ranked:
+            matched[h.doc_id].append(qi)
+            if h.doc_id not in best or h.score > best[h.doc_id].score:
+                best[h.doc_id] = h
+    taken: list[int] = []
+    seen: set[int] = set()
+    pos = [0] * len(lists)
+    while len(taken) < limit and any(pos[i] < len(lists[i]) for i in range(len(lists))):
+        for qi, ranked in enumerate(lists):
+            while pos[qi] < len(ranked) and ranked[pos[qi]].doc_id in seen:
+                pos[qi] += 1
+            if pos[qi] < len(ranked) and len(taken) < limit:
+                did = ranked[pos[qi]].doc_id
+                seen.add(did)
+                taken.append(did)
+                pos[qi] += 1
+    out = [(best[d], matched[d]) for d in taken]
+    out.sort(key=lambda x: (-x[0].score, x[0].doc_id))
+    return out
+
+
+_RECORD_SQL = """
+SELECT d.id, d.source_key, d.path, d.kind, d.title, d.meta, d.indexed_commit, d.file_sig,
+       s.indexed_commit, s.root, sp.payload, st.generator, st.stale,
+       CASE WHEN sp.payload IS NULL THEN left(d.text, 4000) END,
+       p.heading, p.start_line, p.end_line, left(p.text, 4000)
+FROM unnest(%s::bigint[], %s::bigint[]) AS x(did, cid)
+JOIN documents d ON d.id = x.did
+JOIN sources s ON s.key = d.source_key
+LEFT JOIN signpost_state st ON st.document_id = d.id
+LEFT JOIN signposts sp ON sp.content_hash = st.content_hash AND sp.generator = st.generator
+     AND sp.model = st.model AND sp.prompt_version = st.prompt_version
+LEFT JOIN chunks p ON p.id = x.cid
+"""
+
+
+def _fetch_records(conn, hits: list[_DocHit], fresh: Freshness, include_passage: bool) -> dict[int, dict]:
+    """Everything the records show, for the chosen documents only, in one round trip."""
+    if not hits:
+        return {}
+    ids = [h.doc_id for h in hits]
+    cids = [h.best_chunk() if include_passage else None for h in hits]
+    out: dict[int, dict] = {}
+    for (did, src, path, kind, title, meta, dcommit, sig, scommit, root, payload, gen, sp_stale, head,
+         p_heading, p_start, p_end, p_text) in conn.execute(_RECORD_SQL, (ids, cids)).fetchall():
+        meta = meta or {}
+        if payload is None:
+            payload = fallback_signpost(title, head, kind)
+        else:
+            payload = dict(payload)
+            payload["_generator"] = gen or ""
+        out[did] = {
+            "id": make_id(src, path), "source": src, "path": path, "kind": kind, "title": title or path,
+            "meta": meta, "indexed_commit": dcommit or scommit, "payload": payload, "signpost_stale": bool(sp_stale),
+            "stale": fresh.is_stale(root=root, source_commit=scommit, path=path, file_sig=sig),
+        }
+        if p_text is not None:
+            out[did]["passage"] = {"heading": p_heading, "lines": [p_start, p_end],
+                                   "text": cut_words(p_text, PASSAGE_CHARS)[0]}
+    return out
+
+
+def _make_record(base: dict, h: _DocHit, section: str, qidx: list[int]) -> Record:
+    meta = base["meta"]
+    created, updated = _meta_dates(meta)
+    payload = base["payload"]
+    title = squash(base["title"])
+    main = "purpose" if section == "code" else "summary"
+    text = squash(payload.get(main) or "")
+    if title and text.lower().startswith(title.lower()) and len(text) > len(title) + 3:
+        # a summary that opens with the title repeats the line above it: drop the repetition
+        rest = text[len(title):].lstrip(" —–-:.")
+        if rest:
+            payload = {**payload, main: rest}
+    signpost, cut = budget_signpost(base["kind"], payload, section)
+    if base["signpost_stale"]:
+        signpost["stale"] = True
+    status = squash(meta.get("status") or base["payload"].get("status") or "")
+    rec = Record(
+        id=base["id"], title=cut_words(base["title"], 120)[0], kind=base["kind"], source=base["source"],
+        path=base["path"], score=h.score, status=status, created=created, updated=updated, signpost=signpost,
+        indexed_commit=base["indexed_commit"], stale=base["stale"], queries=list(qidx),
+        passage=base.get("passage"), truncated=cut, section=section)
+    return rec
+
+
+# --------------------------------------------------------------------------------------------------------
+def make_id(source_key: str, path: str) -> str:
+    """The stable id of a document: `kb:<source>/<path>`.
+
+    Stable across re-indexing, deletion and re-adding (it does not use the database row id); a rename is a
+    new document, as it is in the source. Source keys cannot contain "/", so the first "/" separates them.
+    """
+    return f"{ID_PREFIX}{source_key}/{path}"
+
+
+def parse_id(doc_id: str) -> tuple[str, str]:
+    s = doc_id.strip()
+    if s.startswith(ID_PREFIX):
+        s = s[len(ID_PREFIX):]
+    if "/" not in s:
+        raise QueryError(f"not a kb id: {doc_id!r} — ids look like kb:<source>/<path> (as printed by kb recall)")
+    src, path = s.split("/", 1)
+    if not src or not path:
+        raise QueryError(f"not a kb id: {doc_id!r} — ids look like kb:<source>/<path>")
+    return src, path
+
+
+def show(doc_id: str, *, config=None, conn=None) -> dict[str, Any]:
+    """The whole document (tier 2): title, path, kind, meta, text, signpost, chunk headings, freshness."""
+    src, path = parse_id(doc_id)
+    if conn is None:
+        conn = _connection_for(_resolve_config(config))
+    row = conn.execute(
+        "SELECT d.id, d.source_key, d.path, d.kind, d.title, d.status, d.skip_reason, d.skip_detail, d.meta,"
+        " d.text, d.content_hash, d.indexed_commit, d.file_sig, d.updated_at, s.indexed_commit, s.root"
+        " FROM documents d JOIN sources s ON s.key = d.source_key WHERE d.source_key = %s AND d.path = %s",
+        (src, path)).fetchone()
+    if row is None:
+        near = conn.execute(
+            "SELECT source_key || '/' || path FROM documents WHERE source_key = %s AND path LIKE %s ORDER BY path LIMIT 5",
+            (src, "%" + path.rsplit("/", 1)[-1][:40].replace("%", r"\%").replace("_", r"\_") + "%")).fetchall()
+        hint = ("; similar: " + ", ".join(ID_PREFIX + r[0] for r in near)) if near else ""
+        raise QueryError(f"no document {make_id(src, path)} in the index{hint}")
+    (did, src, path, kind, title, status, skip_reason, skip_detail, meta, text, chash, dcommit, sig, updated_at,
+     scommit, root) = row
+    sp = conn.execute(
+        "SELECT sp.payload, st.generator, st.model, st.prompt_version, st.stale, st.content_hash FROM signpost_state st"
+        " JOIN signposts sp ON sp.content_hash = st.content_hash AND sp.generator = st.generator"
+        " AND sp.model = st.model AND sp.prompt_version = st.prompt_version WHERE st.document_id = %s",
+        (did,)).fetchone()
+    if sp:
+        signpost = {**sp[0], "generator": sp[1], "model": sp[2], "prompt_version": sp[3], "stale": bool(sp[4])}
+    else:
+        signpost = {**fallback_signpost(title, text, kind)}
+        signpost["generator"] = signpost.pop("_generator", "none")
+    chunks = [{"ordinal": o, "heading": h, "lines": [a, b], "tokens": t} for o, h, a, b, t in conn.execute(
+        "SELECT ordinal, heading, start_line, end_line, token_count FROM chunks WHERE document_id = %s ORDER BY ordinal",
+        (did,))]
+    created, updated = _meta_dates(meta or {})
+    fresh = Freshness()
+    return {
+        "id": make_id(src, path), "source": src, "path": path, "kind": kind, "title": title,
+        "status": (meta or {}).get("status") or "", "index_status": status,
+        "skip_reason": skip_reason, "skip_detail": skip_detail,
+        "created": created, "updated": updated, "meta": meta or {}, "signpost": signpost,
+        "indexed_commit": dcommit or scommit, "content_hash": chash,
+        "stale": fresh.is_stale(root=root, source_commit=scommit, path=path, file_sig=sig),
+        "root": root, "text": text or "", "chunks": chunks,
+    }
+
+
+def render_show(doc: dict[str, Any]) -> str:
+    """`kb show` text: a header, the signpost, the chunk outline, then the whole text."""
+    lines = [f"{doc['id']}  [{doc['kind']}{' · ' + doc['status'] if doc['status'] else ''}]"
+             + ("  STALE (the source changed since indexing)" if doc["stale"] else ""),
+             f"title: {doc['title']}",
+             f"file: {doc['root']}/{doc['path'].split('#', 1)[0]}" if doc.get("root") else f"path: {doc['path']}"]
+    if doc.get("created") or doc.get("updated"):
+        lines.append(f"dates: created {doc.get('created') or '?'}, updated {doc.get('updated') or '?'}")
+    if doc.get("indexed_commit"):
+        lines.append(f"indexed at commit {doc['indexed_commit']}")
+    sp = doc["signpost"]
+    lines.append(f"signpost ({sp.get('generator', 'none')}):")
+    lines.append(json.dumps({k: v for k, v in sp.items() if k not in ("generator", "model", "prompt_version")},
+                            ensure_ascii=False, indent=1))
+    if doc["chunks"]:
+        lines.append("outline: " + "; ".join(f"{c['heading'] or '(start)'} L{c['lines'][0]}-{c['lines'][1]}"
+                                             for c in doc["chunks"][:60])
+                     + (f"; … (+{len(doc['chunks']) - 60})" if len(doc["chunks"]) > 60 else ""))
+    lines.append("-" * 40)
+    lines.append(doc["text"])
+    return "\n".join(lines)
