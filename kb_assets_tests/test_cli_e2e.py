@@ -110,7 +110,9 @@ def test_search_and_recall(indexed):
     top = out["documents"][0]
     assert top["status"] == "Accepted" and top["id"].startswith("kb:")
     assert any("backoff" in d["decision"].lower() for d in top["signpost"]["key_decisions"])
-    assert [c["path"] for c in out["code"]] == ["src/backoff.py"]
+    code = json.loads(_kb(root, "recall", "exponential backoff delay with jitter", "--json").stdout)["code"]
+    assert [c["path"] for c in code] == ["src/backoff.py"]
+    assert "backoff" in code[0]["signpost"]["purpose"].lower()
     text = _kb(root, "recall", "restart celery workers").stdout
     assert "guide.md" in text and "tokens" in text.splitlines()[-1]
     shown = json.loads(_kb(root, "show", top["id"], "--json").stdout)
