@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kb_assets.embedding import LocalEmbedder  # noqa: E402
 from kb_assets.embedding.local import load_model  # noqa: E402
 
-DEFAULT_CORPUS = "/work/shared/corpora/python-peps-ba4deeb79695.tar.gz"
+DEFAULT_CORPUS = str(Path(__file__).resolve().parents[1].parent / "shared" / "corpora" / "python-peps-ba4deeb79695.tar.gz")
 
 
 def full_windows(corpus: str, emb: LocalEmbedder, n: int) -> list[str]:

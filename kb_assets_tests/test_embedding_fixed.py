@@ -13,7 +13,7 @@ from kb_assets.embedding import (
     Embedder, FixedCostEmbedder, LocalEmbedder, VoyageEmbedder, estimate_tokens, make_embedder,
 )
 
-CORPORA = Path("/work/shared/corpora")
+CORPORA = Path(__file__).resolve().parents[1].parent / "shared" / "corpora"
 
 
 def test_fixed_cost_is_deterministic_unit_and_384d():
