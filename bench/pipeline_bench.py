@@ -107,6 +107,17 @@ def make_config(work: Path, corpus: Path, url: str, content: str):
     return parse_config(data, path=str(path), base_dir=str(work)), path
 
 
+def remove_workdir(work: Path) -> None:
+    """Stop this process's embedded PostgreSQL under `work` (pgserver would stop it at exit, but not once its
+    folder is gone), then delete the folder."""
+    from kb_assets.store import db
+
+    server = db._servers.pop(str((work / "pg").resolve()), None)
+    if server is not None:
+        server.cleanup()     # cleanup_mode "stop": stops the server when this is the last handle
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def fresh_database(server_url: str, name: str) -> str:
     import psycopg
     import psycopg.conninfo as ci
@@ -293,7 +304,9 @@ class DagsterHarness:
 
     def __init__(self, kb_yaml: Path, cost: float):
         os.environ["KB_CONFIG"] = str(kb_yaml)             # partitions are read from the config at import
-        os.environ.setdefault("DAGSTER_HOME", tempfile.mkdtemp(prefix="kbb-dh-"))
+        home = kb_yaml.parent / "dagster_home"              # removed with the work folder
+        home.mkdir(exist_ok=True)
+        os.environ.setdefault("DAGSTER_HOME", str(home))
         t = time.perf_counter()
         import dagster as dg
 
@@ -463,7 +476,7 @@ def cmd_scenarios(args) -> dict:
     write_results(results, f"pipeline-{args.docs}-{args.content}" + "".join(f"-{w}" for w in args.what_if))
     print_summary(results["summary"])
     if not args.workdir:
-        shutil.rmtree(work, ignore_errors=True)
+        remove_workdir(work)
     return results
 
 
@@ -565,7 +578,7 @@ def cmd_rss(args) -> dict:
               f"{'PASS' if ratio <= 1.2 else 'FAIL'})")
     write_results(results, "rss")
     if not args.workdir:
-        shutil.rmtree(work, ignore_errors=True)
+        remove_workdir(work)
     return results
 
 
@@ -613,7 +626,7 @@ def cmd_model_check(args) -> dict:
           "the unchanged re-run loaded the model or called it")
     write_results(res, "model-check")
     if not args.workdir:
-        shutil.rmtree(work, ignore_errors=True)
+        remove_workdir(work)
     return res
 
 
@@ -719,7 +732,7 @@ def cmd_profile(args) -> None:
     print(f"profile written to {path}")
     conn.close()
     if not args.workdir:
-        shutil.rmtree(work, ignore_errors=True)
+        remove_workdir(work)
 
 
 # --- output ----------------------------------------------------------------------------------------------------

@@ -20,7 +20,6 @@ import json
 import os
 import random
 import resource
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -206,7 +205,7 @@ def wait_child(cmd: list[str]) -> tuple[str, int]:
 
 
 def cmd_main(args) -> dict:
-    from pipeline_bench import fresh_database, machine_note, write_results
+    from pipeline_bench import fresh_database, machine_note, remove_workdir, write_results
     from kb_assets.store.db import embedded_url
 
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="kbt-", dir="/tmp"))
@@ -248,7 +247,7 @@ def cmd_main(args) -> dict:
     print(f"peak RSS {peak} MB: target <= 300 MB {'PASS' if peak <= 300 else 'FAIL'}")
     write_results(results, "transcript-memory")
     if not args.workdir:
-        shutil.rmtree(work, ignore_errors=True)
+        remove_workdir(work)
     return results
 
 
