@@ -8,6 +8,8 @@
     /work/venv/bin/python bench/pipeline_bench.py profile --docs 3000 [--sql]
     # with the real local model on 20 documents: the unchanged re-run (fresh process) never imports torch
     /work/venv/bin/python bench/pipeline_bench.py model-check
+    # measured alternatives (bench-only patches, not the product), e.g. on older code:
+    /work/venv/bin/python bench/pipeline_bench.py scenarios --docs 3000 --what-if hnsw-mwm,clustered-vectors
 
 Each invocation builds the corpus with bench/synth_corpus.py (seeded: the same files every time) in a fresh
 temporary folder and indexes it into a fresh embedded PostgreSQL (kb_assets.store.db.embedded_url) as one source
@@ -16,7 +18,7 @@ temporary folder and indexes it into a fresh embedded PostgreSQL (kb_assets.stor
 
     overhead = wall time of the stage functions - texts embedded x cost_per_text
 
-Figures are printed as a table and written as JSON to bench/out/ (gitignored). Every count the targets depend on
+Results and their reading: docs/BENCHMARKS.md, "## pipeline". Figures are printed as a table and written as JSON to bench/out/ (gitignored). Every count the targets depend on
 is asserted: the script fails loudly rather than report a wrong figure.
 """
 from __future__ import annotations
