@@ -9,7 +9,7 @@
     # with the real local model on 20 documents: the unchanged re-run (fresh process) never imports torch
     /work/venv/bin/python bench/pipeline_bench.py model-check
     # measured alternatives (bench-only patches, not the product), e.g. on older code:
-    /work/venv/bin/python bench/pipeline_bench.py scenarios --docs 3000 --what-if hnsw-mwm,clustered-vectors
+    /work/venv/bin/python bench/pipeline_bench.py scenarios --docs 3000 --what-if clustered-vectors
 
 Each invocation builds the corpus with bench/synth_corpus.py (seeded: the same files every time) in a fresh
 temporary folder and indexes it into a fresh embedded PostgreSQL (kb_assets.store.db.embedded_url) as one source
@@ -58,14 +58,11 @@ HEAVY_MODULES = ("torch", "sentence_transformers", "transformers")
 class CountingEmbedder(FixedCostEmbedder):
     """FixedCostEmbedder that counts calls (the stand-in already counts texts)."""
 
-    fast_counter = None     # what-if "fast-counter": kb_assets.chunking's cached word-piece counter
     centroids = None        # what-if "clustered-vectors": vectors near one of 256 fixed centroids
 
     def __init__(self, cost: float):
         super().__init__(cost_per_text=cost)
         self.calls = 0
-        if CountingEmbedder.fast_counter is not None:
-            self.count_tokens = CountingEmbedder.fast_counter
 
     def embed_documents(self, texts):
         self.calls += 1
@@ -202,28 +199,16 @@ def check(cond: bool, what: str) -> None:
 
 
 # --- what-ifs: measured alternatives to the shipped code (never the product's figures) ----------------------
+# The earlier what-ifs (cached token counter, async commit, HNSW built after the bulk load with room in
+# maintenance_work_mem, batched chunk swaps, keyset-paginated missing vectors) are the shipped pipeline now;
+# docs/BENCHMARKS.md keeps their before/after figures.
 
-WHAT_IFS = ("fast-counter", "async-commit", "deferred-hnsw", "batched-chunks", "keyset-missing", "hnsw-mwm",
-            "clustered-vectors")
+WHAT_IFS = ("clustered-vectors",)
 
 
 def apply_what_ifs(names: list[str]) -> None:
-    """Patch the pipeline in this process to measure a suggested fix without editing kb_assets.
+    """Patch this process to measure an alternative without editing kb_assets.
 
-    Since ec0f536 (12:56) the shipped pipeline batches chunk swaps, paginates the missing-vector query by key,
-    builds the HNSW index after the first bulk load and turns synchronous_commit off in the embedding loop; since
-    ac18370 (11:42) it counts tokens with the cached counter. On that code fast-counter, batched-chunks,
-    keyset-missing and deferred-hnsw change nothing material (they were measured on the code before).
-
-    fast-counter:  the chunker counts tokens with kb_assets.chunking.make_token_counter() (per-word cache,
-                   same counts for this WordPiece tokenizer) instead of LocalEmbedder.count_tokens.
-    async-commit:  the pipeline connection runs with synchronous_commit = off (no WAL flush wait per commit).
-    deferred-hnsw: a new vector table is created without its HNSW index; the index is built in one pass
-                   when the space is complete, just before activation (pgvector: build after bulk load).
-    hnsw-mwm:      SET maintenance_work_mem = '512MB' around the HNSW build (default 64 MB: a 40K x 384-d graph
-                   does not fit, and the build is ~1.6x slower).
-    batched-chunks: bench/whatif.py's chunk_source (one transaction, UPDATE, DELETE and COPY per 100 documents).
-    keyset-missing: bench/whatif.py's embed_source (the missing-vector query continues after the last hash).
     clustered-vectors: the stand-in's vectors lie near one of 256 fixed centroids (cosine ~0.8 within a
                    cluster) instead of uniformly on the sphere: HNSW work on vectors shaped more like real
                    embeddings (uniform random 384-d vectors are HNSW's worst case).
@@ -231,71 +216,10 @@ def apply_what_ifs(names: list[str]) -> None:
     for n in names:
         if n not in WHAT_IFS:
             raise SystemExit(f"unknown what-if {n!r}: use {', '.join(WHAT_IFS)}")
-    if "fast-counter" in names:
-        from kb_assets.chunking import make_token_counter
-
-        CountingEmbedder.fast_counter = make_token_counter()
-    if "batched-chunks" in names or "keyset-missing" in names:
-        import kb_assets.pipeline as pl
-        import whatif
-
-        if "batched-chunks" in names:
-            pl.chunk_source = whatif.chunk_source_batched
-        if "keyset-missing" in names:
-            pl.embed_source = whatif.embed_source_keyset
-    if "hnsw-mwm" in names:
-        from kb_assets.store import spaces as sp
-
-        if hasattr(sp, "ensure_vector_index"):
-            orig_index = sp.ensure_vector_index
-
-            def ensure_vector_index(conn, table):
-                conn.execute("SET maintenance_work_mem = '512MB'")
-                try:
-                    return orig_index(conn, table)
-                finally:
-                    conn.execute("RESET maintenance_work_mem")
-            sp.ensure_vector_index = ensure_vector_index
     if "clustered-vectors" in names:
         import numpy as np
 
         CountingEmbedder.centroids = np.random.default_rng(12345).standard_normal((256, 384)).astype(np.float32)
-    if "async-commit" in names:
-        import kb_assets.store.db as db
-
-        orig_connect = db.connect
-
-        def connect_async(*a, **k):
-            c = orig_connect(*a, **k)
-            c.execute("SET synchronous_commit = off")
-            return c
-        db.connect = connect_async
-        globals()["connect"] = connect_async
-    if "deferred-hnsw" in names:
-        import kb_assets.pipeline as pl
-        from kb_assets.pipeline import embeddings as pe
-        from kb_assets.store import spaces
-
-        orig_ensure, orig_activate = spaces.ensure_space, pl.activate_if_complete
-
-        def ensure_space(conn, model, dim):
-            existed = spaces.space_table(conn, model, dim) is not None
-            table = orig_ensure(conn, model, dim)
-            if not existed:   # (the code before ec0f536 created the HNSW index with the table)
-                conn.execute(f'DROP INDEX IF EXISTS "{table}_hnsw"')
-            return table
-
-        def activate_if_complete(conn, model, dim):
-            table = spaces.space_table(conn, model, dim)
-            if table and pe.count_missing(conn, table) == 0 and conn.execute(
-                    "SELECT to_regclass(%s) IS NULL", (f'"{table}_hnsw"',)).fetchone()[0]:
-                conn.execute("SET maintenance_work_mem = '512MB'")
-                conn.execute(f'CREATE INDEX IF NOT EXISTS "{table}_hnsw" ON "{table}" '
-                             "USING hnsw (embedding vector_cosine_ops)")
-                conn.execute("RESET maintenance_work_mem")
-            return orig_activate(conn, model, dim)
-        spaces.ensure_space = ensure_space
-        pl.activate_if_complete = activate_if_complete
 
 
 # --- Dagster ---------------------------------------------------------------------------------------------------
