@@ -169,12 +169,15 @@ def run_direct(cfg, conn, cost: float, label: str) -> dict:
         "embed_calls": emb.calls, "standin_s": round(standin, 3), "overhead_s": round(wall - standin, 3),
         "documents_s": r.documents.seconds, "chunks_s": r.chunks.seconds, "embeddings_s": r.embeddings.seconds,
         "embeddings_work_s": round(r.embeddings.seconds - standin, 3),
-        # refresh_query_stats (keyword statistics, document vectors), when index_sources runs it
-        "query_stats_s": float((r.extra.get("query_stats") or {}).get("seconds") or 0.0),
-        # outside the stages' own clocks: orphan-vector removal, space activation (and, with the deferred-hnsw
-        # what-if, the HNSW build)
+        # the pipeline proper: documents -> chunks -> embeddings, minus the stand-in's cost
+        "pipeline_overhead_s": round(r.documents.seconds + r.chunks.seconds + r.embeddings.seconds - standin, 3),
+        # the search-index stage: HNSW build (after a bulk load), activation, refresh_query_stats
+        "search_index_s": r.search_index.seconds,
+        "vector_index_s": r.search_index.vector_index_seconds,
+        "query_stats_s": float((r.search_index.query_stats or {}).get("seconds") or 0.0),
+        # outside the stages' own clocks
         "other_s": round(wall - r.documents.seconds - r.chunks.seconds - r.embeddings.seconds
-                         - float((r.extra.get("query_stats") or {}).get("seconds") or 0.0), 3),
+                         - r.search_index.seconds, 3),
         "documents": {k: v for k, v in asdict(r.documents).items() if k not in ("skip_reasons", "source")},
         "chunks": {k: v for k, v in asdict(r.chunks).items() if k != "source"},
         "embed_stats": {k: v for k, v in asdict(r.embeddings).items() if k != "source"},
@@ -225,7 +228,7 @@ def apply_what_ifs(names: list[str]) -> None:
 # --- Dagster ---------------------------------------------------------------------------------------------------
 
 class DagsterHarness:
-    """The real assets (kb_documents, kb_chunks, kb_embeddings) in a job, with the resource's embedder swapped
+    """The real assets (kb_documents, kb_chunks, kb_embeddings, kb_search_index) in a job, with the resource's embedder swapped
     for the stand-in; one execute_in_process per partition on an ephemeral instance."""
 
     def __init__(self, kb_yaml: Path, cost: float):
@@ -236,7 +239,7 @@ class DagsterHarness:
         t = time.perf_counter()
         import dagster as dg
 
-        from kb_assets.defs.assets import kb_chunks, kb_documents, kb_embeddings
+        from kb_assets.defs.assets import kb_chunks, kb_documents, kb_embeddings, kb_search_index
         from kb_assets.defs.resources import KbResource
 
         self.import_s = round(time.perf_counter() - t, 3)
@@ -248,7 +251,7 @@ class DagsterHarness:
 
         self.cost = cost
         self.embedder = CountingEmbedder(cost)
-        assets = [kb_documents, kb_chunks, kb_embeddings]
+        assets = [kb_documents, kb_chunks, kb_embeddings, kb_search_index]
         job = dg.define_asset_job("bench_index", selection=assets,
                                   partitions_def=kb_documents.partitions_def)
         self.defs = dg.Definitions(assets=assets, jobs=[job],
@@ -270,9 +273,7 @@ class DagsterHarness:
         per = {}
         for ev in result.get_asset_materialization_events():
             mat = ev.event_specific_data.materialization
-            secs = float(mat.metadata["seconds"].value)
-            if "query_stats_seconds" in mat.metadata:      # refresh_query_stats, outside "seconds"
-                secs += float(mat.metadata["query_stats_seconds"].value)
+            secs = float(mat.metadata["seconds"].value)     # kb_search_index's includes refresh_query_stats
             per[mat.asset_key.to_user_string()] = secs
             asset_s += secs
         instance.dispose()
@@ -318,6 +319,8 @@ def cmd_scenarios(args) -> dict:
     full["distinct_hashes"] = n_hashes
     full["overhead_s_per_1000_chunks"] = round(full["overhead_s"] / n_chunks * 1000, 3)
     full["pipeline_chunks_per_s"] = round(n_chunks / full["overhead_s"], 1) if full["overhead_s"] > 0 else None
+    full["pipeline_overhead_s_per_1000_chunks"] = round(full["pipeline_overhead_s"] / n_chunks * 1000, 3)
+    full["search_index_s_per_1000_chunks"] = round(full["search_index_s"] / n_chunks * 1000, 3)
     results["full"] = full
 
     # 2. unchanged re-runs, direct
@@ -413,6 +416,10 @@ def summarize(res: dict) -> dict:
         "chunks": full["chunks_total"], "distinct_hashes": full["distinct_hashes"],
         "full_wall_s": full["wall_s"], "full_texts": full["texts_embedded"], "full_standin_s": full["standin_s"],
         "full_overhead_s": full["overhead_s"], "overhead_s_per_1000_chunks": full["overhead_s_per_1000_chunks"],
+        "full_pipeline_overhead_s": full["pipeline_overhead_s"],
+        "pipeline_overhead_s_per_1000_chunks": full["pipeline_overhead_s_per_1000_chunks"],
+        "full_search_index_s": full["search_index_s"], "full_vector_index_s": full["vector_index_s"],
+        "full_query_stats_s": full["query_stats_s"],
         "pipeline_chunks_per_s": full["pipeline_chunks_per_s"],
         "unchanged_wall_s": unchanged, "unchanged_median_s": statistics.median(unchanged),
     }
@@ -430,7 +437,8 @@ def summarize(res: dict) -> dict:
         if kind == "modify":
             s["modify_expected"] = [r["expected_embedded"] for r in rs]
     s["targets"] = {
-        "overhead <= 0.33 s / 1000 chunks": s["overhead_s_per_1000_chunks"] <= 0.33,
+        "pipeline stages overhead <= 0.33 s / 1000 chunks": s["pipeline_overhead_s_per_1000_chunks"] <= 0.33,
+        "whole run incl. search index <= 0.33 s / 1000 chunks": s["overhead_s_per_1000_chunks"] <= 0.33,
         "unchanged: 0 calls, no model, <= 1.5 s": max(unchanged) <= 1.5,
         "modify embeds exactly the new hashes": s["modify_texts"] == s["modify_expected"],
         "rename embeds 0": all(x == 0 for x in s["rename_texts"]),
@@ -671,7 +679,7 @@ def machine_note() -> dict:
 
 def print_header() -> None:
     print(f"{'scenario':<16} {'wall s':>8} {'texts':>6} {'stand-in s':>10} {'overhead s':>10} {'docs s':>7} "
-          f"{'chunks s':>8} {'embed s':>8} {'qstats s':>8} {'other s':>7} {'new/chg/del/unch docs':>22} "
+          f"{'chunks s':>8} {'embed s':>8} {'pipe ovh':>8} {'search s':>8} {'hnsw s':>7} {'qstats s':>8} {'other s':>7} {'new/chg/del/unch docs':>22} "
           f"{'chunks written':>14}")
 
 
@@ -685,6 +693,7 @@ def print_row(r: dict) -> None:
         extra += f"  new chunks per edited doc {r['new_chunks_per_doc']}"
     print(f"{r['scenario']:<16} {r['wall_s']:>8.3f} {r['texts_embedded']:>6} {r['standin_s']:>10.3f} "
           f"{r['overhead_s']:>10.3f} {r['documents_s']:>7.3f} {r['chunks_s']:>8.3f} {r['embeddings_s']:>8.3f} "
+          f"{r['pipeline_overhead_s']:>8.3f} {r['search_index_s']:>8.3f} {r['vector_index_s']:>7.3f} "
           f"{r['query_stats_s']:>8.3f} {r['other_s']:>7.3f} "
           f"{docs:>22} {r['chunks']['chunks_written']:>14}{extra}", flush=True)
 

@@ -61,7 +61,7 @@ def test_definitions_load_with_partitions_per_source(project):
     job = defs.resolve_job_def("kb_index")
     assert set(job.partitions_def.get_partition_keys()) == {"decisions", "code"}
     keys = {k.to_user_string() for k in defs.resolve_all_asset_keys()}
-    assert {"kb_documents", "kb_chunks", "kb_embeddings", "kb_signposts"} <= keys
+    assert {"kb_documents", "kb_chunks", "kb_embeddings", "kb_search_index", "kb_signposts"} <= keys
     assert defs.resolve_schedule_def("nightly_index") and defs.resolve_sensor_def("git_commit_sensor")
 
 
@@ -78,6 +78,9 @@ def test_materialize_a_partition_reports_metadata_and_checks_pass(project):
     assert docs["new"].value == 1 and docs["deleted"].value == 0
     assert mats["kb_embeddings"]["chunks_embedded"].value >= 1
     assert mats["kb_embeddings"]["model"].value == "all-MiniLM-L6-v2"
+    search = mats["kb_search_index"]
+    assert search["vector_index_built"].value and search["space_activated"].value
+    assert search["query_stats_refreshed"].value and search["space_missing"].value == 0
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert {"every_chunk_embedded", "no_orphans", "signpost_failure_rate", "recall_regression_set"} <= set(checks)
     assert all(checks.values()), checks
@@ -87,6 +90,9 @@ def test_materialize_a_partition_reports_metadata_and_checks_pass(project):
              for m in (e.event_specific_data.materialization for e in again.get_asset_materialization_events())}
     assert mats2["kb_documents"]["unchanged"].value == 1
     assert mats2["kb_embeddings"]["chunks_embedded"].value == 0
+    # nothing changed: no index build, no statistics refresh
+    assert not mats2["kb_search_index"]["vector_index_built"].value
+    assert not mats2["kb_search_index"]["query_stats_refreshed"].value
 
 
 def test_schedule_requests_one_run_per_source(project):

@@ -10,7 +10,7 @@ import pytest
 
 from kb_assets.config import parse_config
 from kb_assets.embedding import FixedCostEmbedder
-from kb_assets.pipeline import chunk_source, index_sources, run_embeddings_stage, sync_documents
+from kb_assets.pipeline import build_search_index, chunk_source, index_sources, run_embeddings_stage, sync_documents
 from kb_assets.store import spaces
 
 
@@ -75,7 +75,7 @@ def test_full_then_unchanged_run_makes_no_embedding_call(repo, db_url, conn):
     assert run.documents.new == 6
     assert run.chunks.chunks_written > 6
     assert run.embeddings.chunks_embedded == len(set(emb.texts)) == len(emb.texts)
-    assert run.embeddings.missing_after == 0 and run.embeddings.activated
+    assert run.embeddings.missing_after == 0 and run.search_index.activated and run.search_index.vector_index_built
     reasons = run.documents.skip_reasons
     assert reasons.get("too-small") == 1 and reasons.get("binary") == 1, reasons
     table = spaces.active_space(conn)[2]
@@ -145,9 +145,13 @@ def test_kill_between_batches_then_rerun_embeds_every_chunk_exactly_once(repo, d
     # "killed" after two committed batches of 5
     first = run_embeddings_stage(conn, emb, "docs", batch_rows=5, max_batches=2)
     assert first.chunks_embedded == 10 and first.missing_after == total - 10
-    assert not first.activated and spaces.active_space(conn) is None   # an incomplete space is never queried
+    # an incomplete space is never queried, and gets no HNSW index yet (the rest of its load stays fast)
+    early = build_search_index(conn, emb.model, emb.dimension)
+    assert not early.activated and not early.vector_index_built and spaces.active_space(conn) is None
     second = run_embeddings_stage(conn, emb, "docs", batch_rows=5)
-    assert second.chunks_embedded == total - 10 and second.missing_after == 0 and second.activated
+    assert second.chunks_embedded == total - 10 and second.missing_after == 0
+    done = build_search_index(conn, emb.model, emb.dimension)
+    assert done.activated and done.vector_index_built and done.query_stats_refreshed
     assert len(emb.texts) == total and max(Counter(emb.texts).values()) == 1
 
 
@@ -170,6 +174,72 @@ def test_crash_inside_a_batch_keeps_committed_batches(repo, db_url, conn):
     rerun = run_embeddings_stage(conn, good, "docs", batch_rows=4)
     assert rerun.missing_after == 0
     assert len(good.texts) == conn.execute("SELECT count(DISTINCT chunk_hash) FROM chunks").fetchone()[0] - 4
+
+
+def test_embedding_sql_overlaps_the_embedder_call(repo, db_url, conn, monkeypatch):
+    """While the model works on batch N, batch N-1 is written (and N+1 read): the pipeline's own SQL is hidden
+    behind the call, and a committed batch is never lost."""
+    import threading
+    import time
+
+    from kb_assets.pipeline import embeddings as emb_mod
+
+    cfg = _cfg(repo, db_url)
+    sync_documents(conn, cfg, cfg.sources[0])
+    in_flight = threading.Event()
+
+    class Slow(CountingEmbedder):
+        def embed_documents(self, texts):
+            in_flight.set()
+            try:
+                time.sleep(0.15)
+                return super().embed_documents(texts)
+            finally:
+                in_flight.clear()
+
+    emb = Slow()
+    chunk_source(conn, "docs", max_tokens=emb.max_tokens, count_tokens=emb.count_tokens)
+    writes_during_call = []
+    real_write = emb_mod._write_batch
+
+    def watched(*args, **kwargs):
+        # the next call may take a moment to start in its thread; a sequential loop would never start it
+        writes_during_call.append(in_flight.wait(timeout=1.0))
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(emb_mod, "_write_batch", watched)
+    stats = run_embeddings_stage(conn, emb, "docs", batch_rows=3)
+    assert stats.batches == len(writes_during_call) >= 4 and stats.missing_after == 0
+    assert all(writes_during_call[:-1]), writes_during_call   # only the last write has no call after it
+    assert max(Counter(emb.texts).values()) == 1
+
+
+def test_large_load_into_an_indexed_space_rebuilds_its_index_once(repo, db_url, conn, monkeypatch):
+    """Inserting many vectors into an HNSW index row by row is far slower than rebuilding it: a large load
+    drops the index and the search-index stage builds it again; a small one keeps it."""
+    from kb_assets.pipeline import embeddings as emb_mod
+
+    cfg = _cfg(repo, db_url)
+    emb = CountingEmbedder()
+    first = _index(cfg, conn, emb)
+    assert first.search_index.vector_index_built
+    table = spaces.active_space(conn)[2]
+    n = conn.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0]
+    monkeypatch.setattr(emb_mod, "LARGE_LOAD_MIN", 2)
+    # small change (1 new chunk against n vectors): the index stays and is maintained
+    p = repo / "docs/note-0.md"
+    p.write_text(p.read_text().replace("Topic 0-2.", "Topic 0-2, edited."), encoding="utf-8")
+    small = _index(cfg, conn, emb)
+    assert small.embeddings.chunks_embedded >= 1 and not small.embeddings.vector_index_dropped
+    assert not small.search_index.vector_index_built and spaces.has_vector_index(conn, table)
+    # a load of more than a quarter of the table: dropped, then rebuilt by the search-index stage
+    for i in range(3):
+        _write(repo, f"docs/extra-{i}.md", f"# Extra {i}\n\n" + "\n\n".join(
+            f"## Part {j}\n\n{PARA} Extra topic {i}-{j}." for j in range(max(2, n // 6))))
+    big = _index(cfg, conn, emb)
+    assert big.embeddings.chunks_embedded >= n // 4
+    assert big.embeddings.vector_index_dropped and big.search_index.vector_index_built
+    assert spaces.has_vector_index(conn, table) and spaces.active_space(conn)[2] == table
 
 
 def test_incomplete_listing_prunes_nothing(repo, db_url, conn, monkeypatch):
@@ -197,10 +267,12 @@ def test_model_change_builds_a_new_space_and_swaps_when_complete(repo, db_url, c
     _index(cfg, conn, CountingEmbedder("model-a", 384))
     assert spaces.active_space(conn)[0] == "model-a"
     new = CountingEmbedder("model-b", 256)
-    partial = run_embeddings_stage(conn, new, "docs", batch_rows=3, max_batches=1)
+    run_embeddings_stage(conn, new, "docs", batch_rows=3, max_batches=1)
+    partial = build_search_index(conn, new.model, new.dimension)
     assert not partial.activated and spaces.active_space(conn)[0] == "model-a"   # old space still answers
-    done = run_embeddings_stage(conn, new, "docs", batch_rows=500)
-    assert done.activated and spaces.active_space(conn)[:2] == ("model-b", 256)
+    run_embeddings_stage(conn, new, "docs", batch_rows=500)
+    done = build_search_index(conn, new.model, new.dimension)
+    assert done.activated and done.vector_index_built and spaces.active_space(conn)[:2] == ("model-b", 256)
     tables = {r[0] for r in conn.execute("SELECT table_name FROM embedding_spaces")}
     assert len(tables) == 2
 

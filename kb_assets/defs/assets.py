@@ -6,7 +6,8 @@ import dagster as dg
 
 from kb_assets.defs.partitions import sources_partitions
 from kb_assets.defs.resources import KbResource
-from kb_assets.pipeline import chunk_source, run_embeddings_stage, sync_documents
+from kb_assets.pipeline import build_search_index, chunk_source, run_embeddings_stage, sync_documents
+from kb_assets.pipeline.search_index import source_changed_in_last_run
 from kb_assets.pipeline.progress import current as current_progress
 from kb_assets.store.status import record_run
 
@@ -86,7 +87,6 @@ def kb_embeddings(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Mater
         stats = run_embeddings_stage(conn, embedder, key, batch_rows=kb.config.embed_batch_rows,
                                      progress=current_progress())
         record_run(conn, key, "embeddings", {"embeddings": stats.as_metadata()})
-        query_stats = _refresh_query_stats_if_changed(conn, key, stats)
     cost = 0.0
     if kb.config.embedder == "voyage":
         cost = stats.tokens / 1e6 * kb.config.voyage.price_per_million_tokens
@@ -94,27 +94,35 @@ def kb_embeddings(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Mater
         "model": stats.model, "dimension": stats.dimension, "chunks_embedded": stats.chunks_embedded,
         "batches": stats.batches, "tokens": stats.tokens, "estimated_cost_usd": round(cost, 6),
         "missing_after": stats.missing_after, "orphans_removed": stats.orphans_removed,
-        "space_activated": stats.activated, "seconds": stats.seconds,
-        "query_stats_refreshed": bool(query_stats),
-        "query_stats_seconds": (query_stats or {}).get("seconds", 0.0),
+        "vector_index_dropped": stats.vector_index_dropped, "seconds": stats.seconds,
     })
 
 
-def _refresh_query_stats_if_changed(conn, source_key: str, emb) -> dict | None:
-    """Keyword statistics and document vectors for recall(), recomputed only when this run changed the
-    index (an unchanged re-run stays cheap)."""
-    from kb_assets.query import refresh_query_stats
-
-    if emb.missing_after:
-        return None   # an incomplete space is not queried yet
-    last = conn.execute("SELECT last_run_stats FROM sources WHERE key = %s", (source_key,)).fetchone()[0] or {}
-    d, c = last.get("documents", {}), last.get("chunks", {})
-    changed = (d.get("new", 0) or d.get("changed", 0) or d.get("deleted", 0) or c.get("chunks_written", 0)
-               or c.get("chunks_removed", 0) or emb.chunks_embedded or emb.activated or emb.orphans_removed)
-    never = conn.execute("SELECT NOT EXISTS (SELECT 1 FROM query_stats)").fetchone()[0]
-    if not (changed or never):
-        return None
-    return refresh_query_stats(conn)
+@dg.asset(
+    partitions_def=sources_partitions,
+    group_name=GROUP,
+    kinds={"pgvector", "postgres"},
+    deps=[kb_embeddings],
+    description=("What recall() searches: the vector space's HNSW index (built once after a bulk load), the "
+                 "space's activation once it is complete, keyword statistics and document vectors."),
+)
+def kb_search_index(context: dg.AssetExecutionContext, kb: KbResource) -> dg.MaterializeResult:
+    key = context.partition_key
+    embedder = kb.embedder()   # model and dimension only: nothing is loaded
+    with kb.connect() as conn:
+        stats = build_search_index(conn, embedder.model, embedder.dimension,
+                                   index_changed=source_changed_in_last_run(conn, key))
+        record_run(conn, key, "search_index", {"search_index": {
+            k: v for k, v in stats.as_metadata().items() if k != "query_stats"}})
+    q = stats.query_stats
+    return dg.MaterializeResult(metadata={
+        "model": stats.model, "dimension": stats.dimension, "space_missing": stats.space_missing,
+        "vector_index_built": stats.vector_index_built, "vector_index_seconds": stats.vector_index_seconds,
+        "space_activated": stats.activated, "query_stats_refreshed": stats.query_stats_refreshed,
+        "query_stats_seconds": q.get("seconds", 0.0), "lexemes": q.get("lexemes", 0),
+        "document_vectors": dg.MetadataValue.json(q.get("document_vectors") or {}),
+        "seconds": stats.seconds,
+    })
 
 
 @dg.asset(
@@ -154,5 +162,5 @@ kb_job = dg.define_asset_job(
     "kb_index",
     selection=dg.AssetSelection.groups(GROUP),
     partitions_def=sources_partitions,
-    description="Index one source: documents → chunks → embeddings, and signposts.",
+    description="Index one source: documents → chunks → embeddings → search index, and signposts.",
 )

@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from kb_assets.defs.assets import kb_chunks, kb_embeddings, kb_signposts
+from kb_assets.defs.assets import kb_chunks, kb_embeddings, kb_search_index, kb_signposts
 from kb_assets.defs.resources import KbResource
 from kb_assets.pipeline.embeddings import count_missing
 from kb_assets.store import spaces
@@ -59,7 +59,7 @@ def signpost_failure_rate(kb: KbResource) -> dg.AssetCheckResult:
 REGRESSION_SCHEMA = "kb_regression"
 
 
-@dg.asset_check(asset=kb_embeddings, description=(
+@dg.asset_check(asset=kb_search_index, description=(
     "The committed regression set (agent-style queries over a fixed corpus shipped in kb_assets/query/"
     "regression/) finds its expected documents in the top 3, with the configured embedder and query settings. "
     "The corpus is indexed into its own schema, so the check never touches the real index; after the first "

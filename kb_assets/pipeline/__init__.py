@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 from kb_assets.config import KbConfig
 from kb_assets.pipeline.chunks import ChunkStats, chunk_source
 from kb_assets.pipeline.documents import DocumentStats, sync_documents
-from kb_assets.pipeline.embeddings import EmbedStats, activate_if_complete, embed_source, remove_orphan_vectors
+from kb_assets.pipeline.embeddings import EmbedStats, embed_source, remove_orphan_vectors
 from kb_assets.pipeline.progress import Progress, null_progress
+from kb_assets.pipeline.search_index import SearchIndexStats, build_search_index
 
 __all__ = [
-    "ChunkStats", "DocumentStats", "EmbedStats", "SourceRun", "chunk_source", "embed_source",
-    "index_sources", "run_embeddings_stage", "sync_documents",
+    "ChunkStats", "DocumentStats", "EmbedStats", "SearchIndexStats", "SourceRun", "build_search_index",
+    "chunk_source", "embed_source", "index_sources", "run_embeddings_stage", "sync_documents",
 ]
 
 
@@ -24,6 +25,7 @@ class SourceRun:
     documents: DocumentStats
     chunks: ChunkStats
     embeddings: EmbedStats
+    search_index: SearchIndexStats | None = None
     signposts: object | None = None
     seconds: float = 0.0
     extra: dict = field(default_factory=dict)
@@ -31,12 +33,11 @@ class SourceRun:
 
 def run_embeddings_stage(conn, embedder, source_key: str | None, *, batch_rows: int = 500,
                          progress: Progress = null_progress, max_batches: int | None = None) -> EmbedStats:
-    """Embed what is missing, drop vectors nothing uses, and activate the space once it is complete."""
+    """Embed what is missing and drop vectors nothing uses (the search-index stage then activates the space)."""
     stats = embed_source(conn, embedder, source_key=source_key, batch_rows=batch_rows, progress=progress,
                          max_batches=max_batches)
     if stats.missing_after == 0:
         stats.orphans_removed = remove_orphan_vectors(conn)
-        stats.activated = activate_if_complete(conn, embedder.model, embedder.dimension)
     return stats
 
 
@@ -52,18 +53,16 @@ def index_sources(cfg: KbConfig, conn, *, embedder, signposter=None, source_keys
         chunks = chunk_source(conn, source.key, max_tokens=embedder.max_tokens,
                               count_tokens=embedder.count_tokens, progress=progress)
         emb = run_embeddings_stage(conn, embedder, source.key, batch_rows=cfg.embed_batch_rows, progress=progress)
+        changed = bool(docs.new or docs.changed or docs.deleted or chunks.chunks_written or chunks.chunks_removed
+                       or emb.chunks_embedded or emb.orphans_removed)
+        search = build_search_index(conn, embedder.model, embedder.dimension, refresh_query=refresh_query,
+                                    index_changed=changed)
         sp = None
         if signposter is not None:
             from kb_assets.signposts.runner import run_signposts
 
             sp = run_signposts(conn, source.key, signposter)
-        runs[source.key] = SourceRun(docs, chunks, emb, sp, round(time.perf_counter() - started, 3))
-    changed = any(r.documents.new or r.documents.changed or r.documents.deleted or r.chunks.chunks_written
-                  or r.embeddings.chunks_embedded or r.embeddings.activated for r in runs.values())
-    if refresh_query and changed and all(r.embeddings.missing_after == 0 for r in runs.values()):
-        from kb_assets.query import refresh_query_stats   # recall()'s keyword statistics and document vectors
-
-        for r in runs.values():
-            r.extra["query_stats"] = refresh_query_stats(conn)
-            break
+        runs[source.key] = SourceRun(docs, chunks, emb, search, sp, round(time.perf_counter() - started, 3))
+        if search.query_stats_refreshed:
+            runs[source.key].extra["query_stats"] = search.query_stats
     return runs

@@ -31,7 +31,7 @@ class EmbedStats:
     reused: int = 0               # chunks of this source whose vector already existed
     missing_after: int = 0
     orphans_removed: int = 0
-    activated: bool = False
+    vector_index_dropped: bool = False
     seconds: float = 0.0
 
     def as_metadata(self) -> dict:
@@ -66,53 +66,108 @@ def count_missing(conn: psycopg.Connection, table: str, source_key: str | None =
     return conn.execute(q).fetchone()[0]
 
 
+# A load this large into a space that already has its HNSW index drops the index first (the search-index
+# stage rebuilds it): inserting into the index costs ~5-9 ms per 384-d vector here, rebuilding ~0.7 ms per
+# vector of the whole table, so past ~1/6 of the table's size a rebuild is cheaper. Queries stay correct
+# meanwhile (exact scan), only slower.
+LARGE_LOAD_MIN = 2000
+LARGE_LOAD_FRACTION = 0.25
+
+
+def _texts(rows) -> list[str]:
+    return [f"{heading}\n{text}" if heading else text for _, heading, text in rows]
+
+
 def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, batch_rows: int = 500,
                  progress: Progress = null_progress, max_batches: int | None = None) -> EmbedStats:
     """Embed the chunk hashes of a source (or of every source) that have no vector yet.
 
-    `max_batches` stops early (used by the kill-and-resume test to simulate an interrupted run).
+    The model call of batch N runs in a worker thread while this thread writes batch N-1 and reads batch N+1,
+    so the pipeline's own SQL costs no time when the embedder is the bottleneck (a network API, or the local
+    model, which releases the GIL). Each batch is committed on its own: a crash loses the batch being written
+    and the call in flight, never a committed batch. `max_batches` stops early (the kill-and-resume test
+    simulates an interrupted run with it).
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     started = time.perf_counter()
     table = spaces.ensure_space(conn, embedder.model, embedder.dimension)
     stats = EmbedStats(source=source_key, model=embedder.model, dimension=embedder.dimension)
     missing = count_missing(conn, table, source_key)
+    if missing >= LARGE_LOAD_MIN and spaces.has_vector_index(conn, table):
+        rows_now = conn.execute(sql.SQL("SELECT count(*) FROM {t}").format(t=sql.Identifier(table))).fetchone()[0]
+        if missing >= LARGE_LOAD_FRACTION * rows_now:
+            stats.vector_index_dropped = spaces.drop_vector_index(conn, table)
+            log.info("%s: %d vectors to load into %d: HNSW index dropped, rebuilt by the search-index stage",
+                     table, missing, rows_now)
     progress.start(f"{source_key or 'all'}: embedding", total=missing)
     # Consistent but not durable to the last millisecond: a server crash can lose the newest batches, which
     # the next run re-embeds; it never leaves a half-written batch. Saves a WAL flush per batch.
     conn.execute("SET synchronous_commit = off")
-    after = ""
-    while missing and (max_batches is None or stats.batches < max_batches):
-        rows = conn.execute(_missing_query(table, source_key, batch_rows), (after, after)).fetchall()
-        if not rows:
-            break
-        after = rows[-1][0]
-        texts = [f"{heading}\n{text}" if heading else text for _, heading, text in rows]
-        result = embedder.embed_documents(texts)            # network / model call: no transaction open
-        vectors = np.asarray(result.vectors, dtype=np.float32)
-        if vectors.shape != (len(rows), embedder.dimension):
-            raise ValueError(f"embedder returned {vectors.shape}, expected ({len(rows)}, {embedder.dimension})")
-        with conn.transaction():
-            # Stage through a temp table: COPY is fast, and ON CONFLICT lets two runs that embedded the
-            # same hash at once both commit.
-            conn.execute("CREATE TEMP TABLE IF NOT EXISTS _vector_load (chunk_hash text, embedding vector)"
-                         " ON COMMIT DELETE ROWS")
-            with conn.cursor().copy("COPY _vector_load (chunk_hash, embedding) FROM STDIN WITH (FORMAT BINARY)") as copy:
-                copy.set_types(["text", "vector"])
-                for (chunk_hash, _, _), vec in zip(rows, vectors):
-                    copy.write_row((chunk_hash, vec))
-            conn.execute(sql.SQL(
-                "INSERT INTO {t} (chunk_hash, embedding) SELECT chunk_hash, embedding FROM _vector_load"
-                " ON CONFLICT (chunk_hash) DO NOTHING").format(t=sql.Identifier(table)))
-        stats.batches += 1
-        stats.chunks_embedded += len(rows)
-        stats.tokens += int(getattr(result, "tokens", 0) or 0)
-        progress.advance(len(rows))
-    progress.done()
-    conn.execute("SET synchronous_commit = on")
-    spaces.ensure_vector_index(conn, table)
+    missing_query = _missing_query(table, source_key, batch_rows)
+
+    fetched = 0
+
+    def next_rows(after: str) -> list:
+        nonlocal fetched
+        if not missing or (max_batches is not None and fetched >= max_batches):
+            return []
+        fetched += 1
+        # keyset pagination: batch N+1 can be read before batch N is written (its hashes are all greater)
+        return conn.execute(missing_query, (after, after)).fetchall()
+
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-embed") as pool:
+            rows = next_rows("")
+            call = pool.submit(embedder.embed_documents, _texts(rows)) if rows else None
+            while rows:
+                following = next_rows(rows[-1][0])                  # overlaps the call in flight
+                result = call.result()                              # no transaction is open while we wait
+                call = pool.submit(embedder.embed_documents, _texts(following)) if following else None
+                _write_batch(conn, table, rows, result, embedder.dimension)   # overlaps the next call
+                stats.batches += 1
+                stats.chunks_embedded += len(rows)
+                stats.tokens += int(getattr(result, "tokens", 0) or 0)
+                progress.advance(len(rows))
+                rows = following
+    except Exception:
+        if stats.vector_index_dropped and (spaces.active_space(conn) or (None,) * 3)[2] == table:
+            _restore_index_after_failure(conn, table)
+        raise
+    finally:
+        progress.done()
+        if not conn.closed and not conn.broken:
+            conn.execute("SET synchronous_commit = on")
     stats.missing_after = count_missing(conn, table, source_key)
     stats.seconds = round(time.perf_counter() - started, 3)
     return stats
+
+
+def _restore_index_after_failure(conn: psycopg.Connection, table: str) -> None:
+    """The space in use lost its index for a large load that failed: rebuild it now rather than leave
+    queries on exact scans until the next successful run."""
+    try:
+        spaces.ensure_vector_index(conn, table)
+    except Exception:   # the original error matters more; the search-index stage rebuilds it next time
+        log.exception("could not rebuild the HNSW index of %s after a failed load", table)
+
+
+def _write_batch(conn: psycopg.Connection, table: str, rows: list, result, dimension: int) -> None:
+    vectors = np.asarray(result.vectors, dtype=np.float32)
+    if vectors.shape != (len(rows), dimension):
+        raise ValueError(f"embedder returned {vectors.shape}, expected ({len(rows)}, {dimension})")
+    with conn.transaction():
+        # Stage through a temp table: COPY is fast, and ON CONFLICT lets two runs that embedded the
+        # same hash at once both commit.
+        conn.execute("CREATE TEMP TABLE IF NOT EXISTS _vector_load (chunk_hash text, embedding vector)"
+                     " ON COMMIT DELETE ROWS")
+        with conn.cursor().copy("COPY _vector_load (chunk_hash, embedding) FROM STDIN WITH (FORMAT BINARY)") as copy:
+            copy.set_types(["text", "vector"])
+            for (chunk_hash, _, _), vec in zip(rows, vectors):
+                copy.write_row((chunk_hash, vec))
+        conn.execute(sql.SQL(
+            "INSERT INTO {t} (chunk_hash, embedding) SELECT chunk_hash, embedding FROM _vector_load"
+            " ON CONFLICT (chunk_hash) DO NOTHING").format(t=sql.Identifier(table)))
 
 
 def remove_orphan_vectors(conn: psycopg.Connection) -> int:
@@ -124,17 +179,3 @@ def remove_orphan_vectors(conn: psycopg.Connection) -> int:
                 "DELETE FROM {t} e WHERE NOT EXISTS (SELECT 1 FROM chunks c WHERE c.chunk_hash = e.chunk_hash)"
             ).format(t=sql.Identifier(table))).rowcount
     return removed
-
-
-def activate_if_complete(conn: psycopg.Connection, model: str, dimension: int) -> bool:
-    """Make (model, dimension) the space queries use once it covers every chunk of every source."""
-    table = spaces.space_table(conn, model, dimension)
-    if table is None:
-        return False
-    active = spaces.active_space(conn)
-    if active and active[:2] == (model, dimension):
-        return False
-    if count_missing(conn, table) == 0:
-        spaces.activate_space(conn, model, dimension)
-        return True
-    return False

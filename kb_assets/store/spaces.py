@@ -47,17 +47,35 @@ def ensure_space(conn: psycopg.Connection, model: str, dim: int) -> str:
     return table
 
 
-def ensure_vector_index(conn: psycopg.Connection, table: str) -> None:
-    """The space's HNSW (cosine) index. A new space gets it after its first bulk load: building it once over
-    40K vectors is ~10x cheaper than maintaining it row by row during the load. The space is not queried
-    before it is complete and activated, and every embedding run ends here, so an interrupted first load
-    still ends with the index."""
+def vector_index_name(table: str) -> str:
+    return f"{table}_hnsw"[:63]
+
+
+def has_vector_index(conn: psycopg.Connection, table: str) -> bool:
+    return conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                        (sql.Identifier(vector_index_name(table)).as_string(conn),)).fetchone()[0]
+
+
+def ensure_vector_index(conn: psycopg.Connection, table: str) -> bool:
+    """The space's HNSW (cosine) index; True when it was built now. Built once over a loaded space (the
+    search-index stage), not maintained row by row during a bulk load: ~10x cheaper for 40K vectors."""
+    if has_vector_index(conn, table):
+        return False
     with conn.transaction():
         # pgvector builds the graph in memory when it fits in maintenance_work_mem (default 64 MB: 40K
         # 384-d vectors spill, and the build takes ~2x longer). Local to this transaction.
         conn.execute("SET LOCAL maintenance_work_mem = '1GB'")
         conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} USING hnsw (embedding vector_cosine_ops)").format(
-            i=sql.Identifier(f"{table}_hnsw"[:63]), t=sql.Identifier(table)))
+            i=sql.Identifier(vector_index_name(table)), t=sql.Identifier(table)))
+    return True
+
+
+def drop_vector_index(conn: psycopg.Connection, table: str) -> bool:
+    """Drop the HNSW index before a large load (rebuilt by the search-index stage); True if it existed."""
+    if not has_vector_index(conn, table):
+        return False
+    conn.execute(sql.SQL("DROP INDEX IF EXISTS {i}").format(i=sql.Identifier(vector_index_name(table))))
+    return True
 
 
 def space_table(conn: psycopg.Connection, model: str, dim: int) -> str | None:

@@ -1,0 +1,81 @@
+"""Stage 4: make the embedded vectors searchable — the space's HNSW index, activation, recall()'s statistics.
+
+Kept out of the embedding stage on purpose: building an HNSW index over a bulk load once is ~10x cheaper than
+maintaining it row by row during the load, and it is query-serving work, not indexing work. A space becomes
+the one queries use only when it covers every chunk *and* has its index, so a model change never sends
+queries to a half-built or unindexed space. The space already in use keeps answering meanwhile.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+
+import psycopg
+
+from kb_assets.pipeline.embeddings import count_missing
+from kb_assets.store import spaces
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SearchIndexStats:
+    model: str
+    dimension: int
+    space_missing: int = 0          # chunk hashes of any source still without a vector in this space
+    vector_index_built: bool = False
+    vector_index_seconds: float = 0.0
+    activated: bool = False
+    query_stats_refreshed: bool = False
+    query_stats: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def as_metadata(self) -> dict:
+        return asdict(self)
+
+
+def build_search_index(conn: psycopg.Connection, model: str, dimension: int, *,
+                       refresh_query: bool = True, index_changed: bool = True) -> SearchIndexStats:
+    """Index, activate and refresh what recall() reads, for the (model, dimension) space.
+
+    `index_changed`: whether the stages before changed anything; False skips the statistics refresh (an
+    unchanged re-run stays cheap) unless they were never computed or the space was just activated.
+    """
+    from kb_assets.query import refresh_query_stats
+
+    started = time.perf_counter()
+    stats = SearchIndexStats(model=model, dimension=dimension)
+    table = spaces.space_table(conn, model, dimension)
+    if table is None:
+        stats.seconds = round(time.perf_counter() - started, 3)
+        return stats
+    stats.space_missing = count_missing(conn, table)
+    active = spaces.active_space(conn)
+    in_use = active is not None and active[2] == table
+    # An incomplete space that is not in use gets its index only once complete (its rest still loads fast);
+    # the space in use always has one (a large load may have dropped it: see embeddings.LARGE_LOAD).
+    if in_use or stats.space_missing == 0:
+        t0 = time.perf_counter()
+        stats.vector_index_built = spaces.ensure_vector_index(conn, table)
+        stats.vector_index_seconds = round(time.perf_counter() - t0, 3)
+    if not in_use and stats.space_missing == 0:
+        spaces.activate_space(conn, model, dimension)
+        stats.activated = in_use = True
+    if refresh_query and in_use:
+        never = conn.execute("SELECT NOT EXISTS (SELECT 1 FROM query_stats)").fetchone()[0]
+        if index_changed or never or stats.activated or stats.vector_index_built:
+            stats.query_stats = refresh_query_stats(conn)
+            stats.query_stats_refreshed = True
+    stats.seconds = round(time.perf_counter() - started, 3)
+    return stats
+
+
+def source_changed_in_last_run(conn: psycopg.Connection, source_key: str) -> bool:
+    """Whether the source's last documents / chunks / embeddings stages changed anything (from the stats
+    they recorded in `sources.last_run_stats`)."""
+    row = conn.execute("SELECT last_run_stats FROM sources WHERE key = %s", (source_key,)).fetchone()
+    last = (row[0] if row else None) or {}
+    d, c, e = last.get("documents", {}), last.get("chunks", {}), last.get("embeddings", {})
+    return bool(d.get("new") or d.get("changed") or d.get("deleted") or c.get("chunks_written")
+                or c.get("chunks_removed") or e.get("chunks_embedded") or e.get("orphans_removed"))
