@@ -208,6 +208,9 @@ def cmd_status(args) -> int:
             console.print(f"{r['source']}: signpost failing — {f}")
     for k in never:
         console.print(f"{k}: configured, never indexed (run `kb index --source {k}`)")
+    if rows and rows[0]["embedding_model"] and not rows[0]["vector_index"]:
+        console.print("[yellow]vector index missing[/yellow]: recall scans every vector until `kb index` "
+                      "rebuilds it (kb_search_index)")
     return 0
 
 

@@ -352,3 +352,21 @@ def test_changed_settings_force_a_full_listing(repo, db_url, conn):
         "include": ["docs/**/*.md", "notes/*.md"]}]}, path="kb.yaml", base_dir=str(repo))
     run = _index(wider, conn, CountingEmbedder())
     assert run.documents.listing_mode == "full" and run.documents.new == 1
+
+
+def test_recall_without_the_vector_index_is_exact_and_says_so(repo, db_url, conn):
+    """Between a large load (index dropped) and the search-index stage, recall still answers, by exact scan."""
+    from kb_assets.query import recall
+
+    cfg = _cfg(repo, db_url)
+    emb = CountingEmbedder()
+    _index(cfg, conn, emb)
+    with_index = recall("retry delay after each failure", conn=conn, embedder=emb, mode="vector")
+    assert with_index.documents and not any("vector index" in w for w in with_index.warnings)
+    table = spaces.active_space(conn)[2]
+    assert spaces.drop_vector_index(conn, table)
+    without = recall("retry delay after each failure", conn=conn, embedder=emb, mode="vector")
+    assert any("vector index" in w for w in without.warnings), without.warnings
+    assert [d.id for d in without.documents] == [d.id for d in with_index.documents]
+    again = build_search_index(conn, emb.model, emb.dimension, index_changed=False)
+    assert again.vector_index_built and spaces.has_vector_index(conn, table)

@@ -419,6 +419,7 @@ class _Searcher:
         self.n_chunks = 1
         self.have_stats = False
         self.exact = False
+        self.has_vector_index = True
 
     def prepare(self, need_vectors: bool) -> None:
         fsql, fparams = self.f.sql()
@@ -428,11 +429,13 @@ class _Searcher:
         row = self.conn.execute(
             "SELECT s.model, s.dimension, s.table_name, to_regclass(quote_ident(left(s.table_name || '_docs', 63)))"
             " IS NOT NULL, (SELECT n_chunks FROM query_stats WHERE id = 1),"
+            " to_regclass(quote_ident(left(s.table_name || '_hnsw', 63))) IS NOT NULL,"
             " (SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'chunks'::regclass), " + count +
             " FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT model, dimension, table_name FROM embedding_spaces"
             " WHERE activated_at IS NOT NULL ORDER BY activated_at DESC LIMIT 1) s ON true",
             {**fparams, "lim": self.t.exact_scan_chunks + 1}).fetchone()
-        model, dim, table, has_docs, n_stats, n_est, n_filtered = row
+        model, dim, table, has_docs, n_stats, has_vector_index, n_est, n_filtered = row
+        self.has_vector_index = bool(has_vector_index)
         if table is not None:
             from kb_assets.query.stats import doc_vector_table
             self.space = (model, int(dim), table)
@@ -657,6 +660,9 @@ def recall(queries: str | Sequence[str], *, config=None, limit: int | None = Non
                 f"({embedder.dimension}-d): run `kb index` to build the new space, or set the embedder back")
     channels = {"hybrid": ["vector", "document", "keyword"], "vector": ["vector", "document"],
                 "keyword": ["keyword"]}[mode]
+    if "vector" in channels and not searcher.has_vector_index:
+        result.warnings.append("the vector index is being (re)built: vector search scans every vector until "
+                               "`kb index` finishes (kb_search_index): correct, but slower")
     if "keyword" in channels and not searcher.have_stats:
         result.warnings.append("keyword statistics are missing: run `kb index` (refresh_query_stats) "
                                "for better keyword search")
