@@ -37,7 +37,9 @@ def run_embeddings_stage(conn, embedder, source_key: str | None, *, batch_rows: 
     stats = embed_source(conn, embedder, source_key=source_key, batch_rows=batch_rows, progress=progress,
                          max_batches=max_batches)
     if stats.missing_after == 0:
+        started = time.perf_counter()
         stats.orphans_removed = remove_orphan_vectors(conn)
+        stats.seconds = round(stats.seconds + time.perf_counter() - started, 3)
     return stats
 
 
