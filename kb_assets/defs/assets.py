@@ -111,7 +111,8 @@ def kb_search_index(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Mat
     embedder = kb.embedder()   # model and dimension only: nothing is loaded
     with kb.connect() as conn:
         stats = build_search_index(conn, embedder.model, embedder.dimension,
-                                   index_changed=source_changed_in_last_run(conn, key))
+                                   index_changed=source_changed_in_last_run(conn, key),
+                                   progress=current_progress())
         record_run(conn, key, "search_index", {"search_index": {
             k: v for k, v in stats.as_metadata().items() if k != "query_stats"}})
     q = stats.query_stats

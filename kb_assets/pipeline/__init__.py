@@ -58,7 +58,7 @@ def index_sources(cfg: KbConfig, conn, *, embedder, signposter=None, source_keys
         changed = bool(docs.new or docs.changed or docs.deleted or chunks.chunks_written or chunks.chunks_removed
                        or emb.chunks_embedded or emb.orphans_removed)
         search = build_search_index(conn, embedder.model, embedder.dimension, refresh_query=refresh_query,
-                                    index_changed=changed)
+                                    index_changed=changed, progress=progress)
         sp = None
         if signposter is not None:
             from kb_assets.signposts.runner import run_signposts

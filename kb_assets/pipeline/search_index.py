@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 import psycopg
 
 from kb_assets.pipeline.embeddings import count_missing
+from kb_assets.pipeline.progress import Progress, null_progress
 from kb_assets.store import spaces
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,8 @@ class SearchIndexStats:
 
 
 def build_search_index(conn: psycopg.Connection, model: str, dimension: int, *,
-                       refresh_query: bool = True, index_changed: bool = True) -> SearchIndexStats:
+                       refresh_query: bool = True, index_changed: bool = True,
+                       progress: Progress = null_progress) -> SearchIndexStats:
     """Index, activate and refresh what recall() reads, for the (model, dimension) space.
 
     `index_changed`: whether the stages before changed anything; False skips the statistics refresh (an
@@ -55,9 +57,13 @@ def build_search_index(conn: psycopg.Connection, model: str, dimension: int, *,
     in_use = active is not None and active[2] == table
     # An incomplete space that is not in use gets its index only once complete (its rest still loads fast);
     # the space in use always has one (a large load may have dropped it: see embeddings.LARGE_LOAD).
-    if in_use or stats.space_missing == 0:
+    if (in_use or stats.space_missing == 0) and not spaces.has_vector_index(conn, table):
         t0 = time.perf_counter()
-        stats.vector_index_built = spaces.ensure_vector_index(conn, table)
+        progress.start(f"{model}: building the vector index", total=None)
+        try:
+            stats.vector_index_built = spaces.ensure_vector_index(conn, table)
+        finally:
+            progress.done()
         stats.vector_index_seconds = round(time.perf_counter() - t0, 3)
     if not in_use and stats.space_missing == 0:
         spaces.activate_space(conn, model, dimension)
