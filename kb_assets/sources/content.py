@@ -100,6 +100,11 @@ def generated_marker(text: str, *, head_lines: int | None = None) -> str | None:
             if pos < 0:
                 break
         end = min(end, len(text) if pos < 0 else pos)
+    # Every alternative contains "generated" or "created" (no letter of which has a non-ASCII case
+    # variant under re.IGNORECASE): most files are dismissed without running the regex.
+    head = text[:end].lower()
+    if "generated" not in head and "created" not in head:
+        return None
     m = _GENERATED_RE.search(text, 0, end)
     if m:
         return m.group(0)[:80]

@@ -37,7 +37,7 @@ from kb_assets.sources.gitutil import GitError, git_env, is_sha, read_blob
 from kb_assets.sources.redaction import config_style_for, merge_counts, redact
 from kb_assets.sources.sections import render_sections
 from kb_assets.sources.textutil import (
-    as_list, date_from_name, first_title, headings, normalize_date, split_front_matter, title_from_path,
+    as_list, date_from_name, first_title, normalize_date, split_front_matter, title_from_path,
 )
 from kb_assets.sources.transcripts import TranscriptError, read_transcript
 from kb_assets.sources.work_items import WorkItemError, iter_items, normalize_item, references, render_item
@@ -83,8 +83,41 @@ def read_entry(root: Path, entry: FileEntry, source: SourceConfig,
 
 # --- reading bytes ----------------------------------------------------------------------------------
 
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+_PROC_FD = "/proc/self/fd/"
+
+
 def _open_worktree(root: Path, path: str) -> IO[bytes]:
     full = os.path.join(root, *path.split("/"))
+    f = _open_worktree_fast(root, full)
+    return f if f is not None else _open_worktree_checked(root, full)
+
+
+def _open_worktree_fast(root: Path, full: str) -> IO[bytes] | None:
+    """The common case in two system calls: open the path as listed (the last component must not be a
+    symlink), and ask the kernel where the opened file really is (/proc/self/fd: the path of the file
+    actually opened, so no race between the check and the open). Only a regular file inside the root is
+    accepted; anything else (a final symlink, a missing /proc, outside the root...) returns None and
+    goes through _open_worktree_checked, which decides the skip exactly as before."""
+    if not _OPEN_FLAGS & getattr(os, "O_NOFOLLOW", 0):
+        return None
+    try:
+        fd = os.open(full, _OPEN_FLAGS)
+    except OSError:
+        return None
+    try:
+        real = os.readlink(_PROC_FD + str(fd))
+        realroot = os.path.realpath(root)
+        if (real == realroot or real.startswith(realroot.rstrip(os.sep) + os.sep)) \
+                and stat.S_ISREG(os.fstat(fd).st_mode):
+            return os.fdopen(fd, "rb")
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _open_worktree_checked(root: Path, full: str) -> IO[bytes]:
     try:
         real = os.path.realpath(full, strict=True)
     except FileNotFoundError:
@@ -94,9 +127,8 @@ def _open_worktree(root: Path, path: str) -> IO[bytes]:
     realroot = os.path.realpath(root)
     if not (real == realroot or real.startswith(realroot.rstrip(os.sep) + os.sep)):
         raise _SkipNow("symlink-outside-root", f"resolves to {real}, outside the source root")
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(real, flags)
+        fd = os.open(real, _OPEN_FLAGS)
     except OSError as exc:
         raise _SkipNow("unreadable", f"cannot open: {exc.strerror or exc}") from None
     st = os.fstat(fd)
@@ -117,7 +149,12 @@ def _read_bytes(root: Path, entry: FileEntry, source: SourceConfig, limit: int) 
         return data
     # Worktree mode, or a HEAD-mode listing that fell back to walking (size:mtime signature).
     with _open_worktree(root, entry.path) as f:
-        data = f.read(limit + 1)
+        # f.read(limit + 1) would allocate limit + 1 bytes for every file; asking for the size the file
+        # has, plus one byte to see whether it grew since, returns the same bytes.
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(min(size, limit) + 1)
+        if len(data) == size + 1 and size < limit:
+            data += f.read(limit + 1 - len(data))
     if len(data) > limit:
         raise _SkipNow("too-large", f"over max_file_bytes ({limit:,} bytes)")
     return data
@@ -247,7 +284,6 @@ def _prose(path: str, text: str, kind: str, source: SourceConfig, git_dates: Git
         return Skip(path, "too-small", f"{len(body.strip())} characters after front matter (< min_chars "
                                        f"{source.min_chars})")
     lines = body.split("\n")
-    hs = headings(lines)
     title = None
     if pep:
         meta.update(parse_pep(body, path))
@@ -302,7 +338,7 @@ def _prose(path: str, text: str, kind: str, source: SourceConfig, git_dates: Git
     if date_source:
         meta["date_source"] = date_source
     if not title:
-        title = first_title(lines, hs) or (f"README ({path.rsplit('/', 1)[0]})" if kind == "readme" and "/" in path
+        title = first_title(lines) or (f"README ({path.rsplit('/', 1)[0]})" if kind == "readme" and "/" in path
                                            else title_from_path(path))
     if fm_error:
         meta["front_matter_error"] = fm_error

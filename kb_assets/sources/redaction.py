@@ -31,11 +31,14 @@ on purpose: NATS seeds, which are secrets, look the same). On 17 MB of SDK sourc
 requests, httpx, sqlalchemy, botocore...): example credentials in URLs (scott:tiger) and token-shaped test
 fixtures, no code.
 
-Speed (CPU time, one core): 12.9 MB/s over the 893 PEP/ADR files one by one, 16.9 MB/s on 5 MB of
-transcript-like text (test_redaction_speed prints it). The regex plugins that start with a literal run over
-the whole text (the engine's prefix search runs at several hundred MB/s); the others, and detect-secrets'
-line-based keyword detector, run only on the lines found by one Aho-Corasick pass (pyahocorasick) over
-their trigger literals.
+Speed (CPU time, one core): 18 MB/s over the 884 PEP/ADR files one by one (12 MB/s before the shortcuts
+below), ~20 MB/s on 5 MB of transcript-like text (test_redaction_speed prints it), ~21 MB/s on the
+synthetic benchmark corpus. One Aho-Corasick pass (pyahocorasick) finds every trigger literal and every
+literal prefix of the untriggered rules: detect-secrets' line-based keyword detector and the rules with
+triggers run only on the lines that contain one; a rule whose matches all begin with a literal prefix is
+tried only where a prefix begins (same matches as a whole-text finditer); the few rules left run over the
+whole text (the engine's prefix search runs at several hundred MB/s), behind a cheap gate where one is
+known. kb_assets_tests/test_sources_fast_paths.py compares all of it with plain whole-text passes.
 """
 from __future__ import annotations
 
@@ -64,6 +67,12 @@ class Rule:
     # The match must not continue a longer token on its left (checked in code: a lookbehind at the start
     # of a pattern would disable the regex engine's fast literal-prefix search).
     boundary: bool = False
+    # Strings one of which every match contains (triggered rules only): a trigger line without any of
+    # them cannot match and is not searched (the generic rule needs its = or :, which prose lacks).
+    requires: tuple[str, ...] = ()
+    # A cheap pattern every match contains (untriggered rules without a literal prefix): a text where it
+    # finds nothing is not scanned with the rule's own, slower pattern.
+    gate: re.Pattern[str] | None = None
 
 
 # --- helpers ---------------------------------------------------------------------------------------
@@ -162,6 +171,11 @@ _DS_TRIGGERS: dict[tuple[str, int | None], tuple[tuple[str, ...], bool]] = {
     ("Stripe Access Key", None): (("k_live_",), False),
     ("Telegram Bot Token", None): (tuple(f"{d}:" for d in range(10)), False),
 }
+# Gates for plugin patterns that start with a character class (keyed by the exact pattern, so a changed
+# upstream pattern simply loses its gate): the fixed part in the middle of every match.
+_DS_GATES = {
+    r"[MNO][a-zA-Z\d_-]{23,25}\.[a-zA-Z\d_-]{6}\.[a-zA-Z\d_-]{27}": r"\.[a-zA-Z\d_-]{6}\.",   # Discord
+}
 _DS_SKIP = {"Public IP (ipv4)", "Secret Keyword", "Base64 High Entropy String", "Hex High Entropy String",
             "Private Key"}
 
@@ -193,8 +207,9 @@ def _detect_secrets_rules() -> list[Rule]:
             if secret_type == "Twilio API Key":
                 validator = lambda v: bool(re.search(r"\d", v)) and shannon_entropy(v) > 3.5  # noqa: E731
             trig, ci = _DS_TRIGGERS.get((secret_type, i)) or _DS_TRIGGERS.get((secret_type, None)) or ((), False)
+            gate = _DS_GATES.get(rx.pattern)
             rules.append(Rule(slug, rx, _DS_GROUP.get((secret_type, i), 0), validator, priority=20,
-                              triggers=trig, ci=ci))
+                              triggers=trig, ci=ci, gate=re.compile(gate, rx.flags) if gate else None))
     return rules
 
 
@@ -243,7 +258,8 @@ EXTRA_RULES: list[Rule] = [
         r"|client[_\-]?key|signing[_\-]?key|encryption[_\-]?key|master[_\-]?key|_key|password|passwd|pwd|passphrase"
         r"|credentials?|auth)(?:[_\-][A-Za-z0-9_\-]*)?\\?[\"']?[ \t]*(?:=|:=|=>|:)[ \t]*\\?[\"'`]?"
         r"([^\s\"'`,;\\]{8,})"),      # \\? : quotes escaped inside a string literal (JSON in code)
-         group=1, validator=lambda v: _generic_value(v), priority=12, triggers=_SECRET_WORDS, ci=True),
+         group=1, validator=lambda v: _generic_value(v), priority=12, triggers=_SECRET_WORDS, ci=True,
+         requires=("=", ":")),
 ]
 
 
@@ -289,6 +305,22 @@ def _keyword_regexes() -> tuple[dict, dict]:
     return kw.QUOTES_REQUIRED_DENYLIST_REGEX_TO_GROUP, kw.CONFIG_DENYLIST_REGEX_TO_GROUP
 
 
+# Every pattern of detect-secrets 1.5.0's quotes-required keyword set needs one of these characters (its
+# ":", "=", "==", "!=", "=>" or trailing ";"), so a line without any cannot match it. Keyed by the patterns'
+# fingerprint: other patterns (another detect-secrets version) get no such shortcut.
+_QUOTED_NEEDS = ":=!;"
+_QUOTED_FINGERPRINT = "e62544435e19fbd77f5f54d01093501371f9dcc5126598f9de1a4ab03fc5e0fe"
+
+
+@lru_cache(maxsize=1)
+def _quoted_needs() -> str:
+    import hashlib
+
+    quoted, _config = _keyword_regexes()
+    digest = hashlib.sha256("\n".join(sorted(rx.pattern for rx in quoted)).encode()).hexdigest()
+    return _QUOTED_NEEDS if digest == _QUOTED_FINGERPRINT else ""
+
+
 def _false_positive(secret: str, line: str) -> bool:
     """detect-secrets' own heuristic filters (the ones that apply to a value in a line)."""
     from detect_secrets.filters import heuristic as h
@@ -331,20 +363,107 @@ def case_variants(literal: str) -> set[str]:
 
 @lru_cache(maxsize=1)
 def _automaton():
-    """One Aho-Corasick automaton (pyahocorasick) over every trigger literal, or None if not installed."""
+    """One Aho-Corasick automaton (pyahocorasick) over every trigger literal and every literal prefix of
+    the untriggered rules, or None if not installed. Value: (length, trigger owners, prefix rule ids)."""
     try:
         import ahocorasick
     except ImportError:  # pragma: no cover - the dependency is declared; the fallback is only slower
         return None
-    words: dict[str, set[tuple[str, bool]]] = {}
+    words: dict[str, tuple[set[tuple[str, bool]], set[int]]] = {}
     for t, ci in _all_triggers():
         for v in (case_variants(t) if ci else {t}):
-            words.setdefault(v, set()).add((t, ci))
+            words.setdefault(v, (set(), set()))[0].add((t, ci))
+    for rid, prefixes in _prefixed_rules().items():
+        for v in prefixes:
+            words.setdefault(v, (set(), set()))[1].add(rid)
     a = ahocorasick.Automaton()
-    for word, owners in words.items():
-        a.add_word(word, (len(word), tuple(owners)))
+    for word, (owners, rids) in words.items():
+        a.add_word(word, (len(word), tuple(owners), tuple(sorted(rids))))
     a.make_automaton()
     return a
+
+
+# --- literal prefixes ------------------------------------------------------------------------------
+# An untriggered rule used to cost one finditer pass over the whole text each (~40 passes). When every
+# match of its pattern must begin with one of a few literal strings, the one Aho-Corasick pass above
+# already finds each place where a match can begin, and `regex.match(text, q)` at those places, in
+# order, skipping places inside the previous match, returns exactly the matches finditer returns (same
+# engine, same start, lookbehinds still see the text before q). The prefixes are read from the parsed
+# pattern itself, so they cannot drift from it; a pattern that does not start with literals keeps its
+# whole-text pass.
+
+_FAST_PATHS = True    # False: every untriggered rule scans the whole text, no `requires` skip (tests compare)
+_MAX_PREFIXES = 64
+_MIN_PREFIX = 3       # shorter ones ("//", "AC") would hit too often to pay off
+
+
+def _parser_modules():
+    try:
+        from re import _constants, _parser  # Python >= 3.11
+    except ImportError:  # pragma: no cover - older Pythons
+        import sre_constants as _constants
+        import sre_parse as _parser
+    return _parser, _constants
+
+
+def literal_prefixes(rx: re.Pattern[str]) -> tuple[str, ...] | None:
+    """Strings one of which every match of rx starts with, or None when the pattern does not start with
+    at least _MIN_PREFIX literal characters on every path (case-insensitive, a class, a repeat, ...)."""
+    if rx.flags & re.IGNORECASE:
+        return None
+    try:
+        parser, c = _parser_modules()
+        prefixes, _complete = _expand(list(parser.parse(rx.pattern, rx.flags)), ("",), c)
+    except Exception:  # pragma: no cover - an unknown parse tree: keep the whole-text pass
+        return None
+    if not prefixes or min(len(p) for p in prefixes) < _MIN_PREFIX:
+        return None
+    return tuple(sorted(set(prefixes)))
+
+
+def _expand(items: list, prefixes: tuple[str, ...], c) -> tuple[tuple[str, ...], bool]:
+    """Extend `prefixes` by the leading literal items; (prefixes, True) when every item was literal."""
+    for op, av in items:
+        if op is c.LITERAL:
+            prefixes = tuple(p + chr(av) for p in prefixes)
+        elif op is c.IN:
+            if not all(o is c.LITERAL for o, _ in av) or len(prefixes) * len(av) > _MAX_PREFIXES:
+                return prefixes, False
+            prefixes = tuple(p + chr(ch) for p in prefixes for _, ch in av)
+        elif op is c.SUBPATTERN:
+            _group, add_flags, del_flags, sub = av
+            if add_flags or del_flags:
+                return prefixes, False
+            prefixes, complete = _expand(list(sub), prefixes, c)
+            if not complete:
+                return prefixes, False
+        elif op is c.BRANCH:
+            out: list[str] = []
+            complete = True
+            for alt in av[1]:
+                got, done = _expand(list(alt), prefixes, c)
+                out.extend(got)
+                complete = complete and done
+            if len(out) > _MAX_PREFIXES:
+                return prefixes, False
+            prefixes = tuple(out)
+            if not complete:      # some alternative stopped early: nothing after the branch is known
+                return prefixes, False
+        else:
+            return prefixes, False
+    return prefixes, True
+
+
+@lru_cache(maxsize=1)
+def _prefixed_rules() -> dict[int, tuple[str, ...]]:
+    """Index in _rules() -> literal prefixes, for the untriggered rules that have them."""
+    out: dict[int, tuple[str, ...]] = {}
+    for i, rule in enumerate(_rules()):
+        if not rule.triggers:
+            prefixes = literal_prefixes(rule.regex)
+            if prefixes:
+                out[i] = prefixes
+    return out
 
 
 @lru_cache(maxsize=1)
@@ -366,25 +485,33 @@ def _lower_same_length(text: str) -> str:
 
 
 class _Lines:
-    """For each trigger literal, the start offsets of the lines that contain it (one pass)."""
+    """For each trigger literal, the start offsets of the lines that contain it; for each prefixed rule,
+    the offsets where one of its literal prefixes starts (None: not collected, scan the whole text)."""
 
     def __init__(self, text: str):
         self.text = text
         self.hits: dict[tuple[str, bool], set[int]] = {}
+        self.at: dict[int, list[int]] | None = None
         if not text:
             return
         auto = _automaton()
         if auto is None:
             self._scan_find()
             return
+        self.at = {}
         self._scan(auto, text)
 
     def _scan(self, auto, hay: str) -> None:
         text = self.text
         ls, le = 0, -1
         hits = self.hits
-        for end, (length, owners) in auto.iter(hay):
+        at = self.at
+        for end, (length, owners, rids) in auto.iter(hay):
             start = end - length + 1
+            for rid in rids:
+                at.setdefault(rid, []).append(start)
+            if not owners:
+                continue
             if start > le:           # left the current line: find the new one
                 ls = text.rfind("\n", 0, start) + 1
                 le = text.find("\n", start)
@@ -431,16 +558,43 @@ def find_secrets(text: str, *, config_style: bool = False) -> list[tuple[int, in
             return
         spans.append((base + s, base + e, rule.slug, rule.priority))
 
-    for rule in _rules():
+    fast = _FAST_PATHS
+    at = lines.at if fast else None
+    prefixed = _prefixed_rules() if at is not None else {}
+    hits = lines.hits
+    for i, rule in enumerate(_rules()):
         if not rule.triggers:
+            if i in prefixed:
+                # Same matches as finditer: a match can only start where a prefix starts.
+                qs = at.get(i)
+                if qs:
+                    pos = 0
+                    match = rule.regex.match
+                    for q in sorted(set(qs)):
+                        if q < pos:
+                            continue
+                        m = match(text, q)
+                        if m:
+                            take(rule, m, 0, text)
+                            pos = m.end()
+                continue
+            if fast and rule.gate is not None and not rule.gate.search(text):
+                continue
             for m in rule.regex.finditer(text):
                 take(rule, m, 0, text)
             continue
-        starts: set[int] = set()
+        starts: set[int] | None = None
         for t in rule.triggers:
-            starts.update(lines.starts(t, rule.ci))
+            h = hits.get((t, rule.ci))
+            if h:
+                starts = h if starts is None else starts | h
+        if not starts:
+            continue
+        requires = rule.requires if fast else ()
         for ls in sorted(starts):
             line = lines.line_at(ls)
+            if requires and not any(r in line for r in requires):
+                continue
             for m in rule.regex.finditer(line):
                 take(rule, m, ls, line)
     if "PRIVATE KEY" in text:
@@ -452,6 +606,7 @@ def find_secrets(text: str, *, config_style: bool = False) -> list[tuple[int, in
     # detect-secrets KeywordDetector, on the lines that contain one of its keywords.
     quoted, config = _keyword_regexes()
     regex_sets = (quoted, config) if config_style else (quoted,)
+    needs = _quoted_needs() if fast else ""
     kw_starts: set[int] = set()
     for t in _KEYWORD_TRIGGERS:
         kw_starts.update(lines.starts(t, True))
@@ -462,6 +617,8 @@ def find_secrets(text: str, *, config_style: bool = False) -> list[tuple[int, in
         if not config_style and '"' not in line and "'" not in line and "`" not in line:
             continue              # the quotes-required patterns cannot match
         for regs in regex_sets:
+            if regs is quoted and needs and not any(c in line for c in needs):
+                continue
             for rx, grp in regs.items():
                 m = rx.search(line)
                 if not m:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,7 +138,11 @@ class Heading:
 
 def headings(lines: list[str]) -> list[Heading]:
     """ATX and setext headings outside fenced code blocks and HTML comments (line based, no recursion)."""
-    out: list[Heading] = []
+    return list(iter_headings(lines))
+
+
+def iter_headings(lines: list[str]) -> Iterator[Heading]:
+    """headings(), one at a time (a caller that needs only the first one stops early)."""
     fence: str | None = None
     in_comment = False
     prev_text: str | None = None
@@ -172,16 +177,15 @@ def headings(lines: list[str]) -> list[Heading]:
             continue
         m = _ATX_RE.match(line) if stripped[0] == "#" and len(line) < 2000 else None
         if m:
-            out.append(Heading(i + 1, len(m.group(1)), (m.group(2) or "").strip()))
+            yield Heading(i + 1, len(m.group(1)), (m.group(2) or "").strip())
             prev_text = None
             continue
         sm = _SETEXT_RE.match(line) if stripped[0] in "=-" else None
         if sm and prev_text is not None and len(prev_text) < 300:
-            out.append(Heading(i, 1 if sm.group(1)[0] == "=" else 2, prev_text))
+            yield Heading(i, 1 if sm.group(1)[0] == "=" else 2, prev_text)
             prev_text = None
             continue
         prev_text = stripped if not stripped.startswith(("|", ">", "-", "*", "<", "+")) else None
-    return out
 
 
 def clean_inline(text: str) -> str:
@@ -195,7 +199,16 @@ def clean_inline(text: str) -> str:
 
 
 def first_title(lines: list[str], hs: list[Heading] | None = None) -> str | None:
-    hs = headings(lines) if hs is None else hs
+    """The first level-1 heading with text, else the first heading with text."""
+    if hs is None:
+        # One pass that stops at the first level-1 heading (usually line 1) instead of listing them all.
+        fallback = None
+        for h in iter_headings(lines):
+            if h.level == 1 and h.text:
+                return clean_inline(h.text)
+            if fallback is None and h.text:
+                fallback = h
+        return clean_inline(fallback.text) if fallback is not None else None
     for h in hs:
         if h.level == 1 and h.text:
             return clean_inline(h.text)
