@@ -256,3 +256,53 @@ def test_sized_read_returns_the_same_bytes_and_limits(tmp_path):
             assert readers._read_bytes(tmp_path, e, s, 100) == b"x" * size
     assert isinstance(readers.read_entry(tmp_path, FileEntry("f.md", "s"), s), list)
     assert isinstance(readers.read_entry(tmp_path, FileEntry("nope.md", "s"), s), Skip)
+
+
+def test_blob_reader_reads_like_one_git_process_per_blob(tmp_path):
+    from kb_assets.sources.gitutil import BlobReader, GitError, read_blob, run_git
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    files = {"empty.md": b"", "small.md": b"# Small\n\nwords\n", "nl.md": b"\n\n", "bin.md": bytes(range(256)) * 3,
+             "big.md": os.urandom(200_000), "crlf.md": b"a\r\nb\r\n"}
+    for name, data in files.items():
+        (repo / name).write_bytes(data)
+    run_git(repo, "init", "-q")
+    run_git(repo, "add", ".")
+    run_git(repo, "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qm", "x")
+    shas = {}
+    for rec in run_git(repo, "ls-tree", "HEAD").stdout.decode().splitlines():
+        meta, name = rec.split("\t")
+        shas[name] = meta.split()[2]
+    tree = run_git(repo, "rev-parse", "HEAD^{tree}").stdout.decode().strip()
+    missing = "0123456789abcdef0123456789abcdef01234567"
+
+    def plain(sha, limit):
+        try:
+            return read_blob(repo, sha, limit)
+        except GitError as exc:
+            return ("error", str(exc))
+
+    asks = []
+    for name, data in files.items():
+        for limit in (0, len(data) - 1, len(data), len(data) + 1, 10_000_000):
+            if limit >= 0:
+                asks.append((shas[name], limit))
+    asks += [(missing, 100), (tree, 10_000), (shas["small.md"], 100), (tree, 1), (shas["big.md"], 300_000)]
+    expected = [plain(sha, limit) for sha, limit in asks]
+    hinted = [sha for sha, _ in asks]
+    rnd = random.Random(3)
+    skipping = [sha for sha in hinted if rnd.random() < 0.7]
+    shuffled = hinted[:]
+    rnd.shuffle(shuffled)
+    # no hint; exact hints; hints the caller partly skips; hints in another order; hints it never asks for
+    for upcoming in ([], hinted, skipping, shuffled, [shas["big.md"]] * 40):
+        with BlobReader(repo, upcoming, window=4) as br:
+            for (sha, limit), want in zip(asks, expected):
+                try:
+                    got = br.read(sha, limit)
+                except GitError as exc:
+                    got = ("error", str(exc))
+                assert got == want, (sha, limit, upcoming[:3])
+            assert br.proc is not None and not br.failed    # the batch process served them all
+        assert br.proc is None                               # closed on exit

@@ -77,7 +77,8 @@ def ensure_source_row(conn: psycopg.Connection, cfg: KbConfig, source: SourceCon
 
 def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig,
                    progress: Progress = null_progress) -> DocumentStats:
-    from kb_assets.sources import discovery
+    from kb_assets.sources import classify, discovery
+    from kb_assets.sources.gitutil import BlobReader
     from kb_assets.sources.readers import read_entry
 
     started = time.perf_counter()
@@ -127,11 +128,16 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
     # Reading and redaction (CPU, this thread) overlap with the database writes (another thread: psycopg
     # releases the GIL while it waits for the server). Each batch is still its own transaction.
     writer = _BatchWriter(conn, source.key, listing.commit)
+    # HEAD mode: one git process for all blobs, asked ahead in reading order (transcripts are streamed
+    # on their own: not asked ahead).
+    blobs = BlobReader(root, [e.sig for e in to_read
+                              if classify.kind_for(e.path, source.kind, source.auto_kind) != "transcript"]) \
+        if source.content == "HEAD" else None
     batch = _Batch()
     try:
         for entry in to_read:
             try:
-                result = read_entry(root, entry, source)
+                result = read_entry(root, entry, source, blobs=blobs)
             except Exception as exc:  # a reader bug must not stop the run: record it, go on
                 log.exception("reading %s failed", entry.path)
                 stats.read_errors += 1
@@ -171,6 +177,9 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
     except BaseException:
         writer.close(raise_error=False)
         raise
+    finally:
+        if blobs is not None:
+            blobs.close()
     writer.close()
     progress.done()
 

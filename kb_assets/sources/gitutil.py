@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import IO
 
 GIT_TIMEOUT = 600
 _SHA_RE = re.compile(r"^[0-9a-f]{40}(?:[0-9a-f]{24})?$")
@@ -92,6 +94,125 @@ def commit_exists(root: Path, sha: str) -> bool:
 
 def z_split(data: bytes) -> list[str]:
     return [s for s in data.decode("utf-8", "surrogateescape").split("\0") if s]
+
+
+class BlobReader:
+    """read_blob for many blobs through one `git cat-file --batch` process (HEAD-mode reading: one git
+    process per file cost more than everything else the documents stage does). Started on first use.
+
+    `upcoming`: the shas the caller expects to ask for, in order (a hint: asking for others, or skipping
+    some, is fine). Up to `window` of them are requested ahead, so git reads the next blobs while the caller
+    works on this one. Any answer other than a blob (missing object, another object type) is handed to
+    read_blob, and so is every read after a failure of the batch process: results and error messages stay
+    exactly read_blob's. Not thread-safe; close() when done."""
+
+    def __init__(self, root: Path, upcoming: Iterable[str] = (), window: int = 16):
+        self.root = root
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.failed = False
+        self.window = window
+        self.upcoming = [s for s in upcoming if is_sha(s)]
+        self.next_hint = 0                      # index in upcoming of the next sha not yet requested
+        self.pending: deque[str] = deque()      # requested, answer not read yet (git answers in order)
+
+    def __enter__(self) -> BlobReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def read(self, sha: str, limit: int) -> bytes | None:
+        """The blob's bytes, or None when it is larger than limit (never holds more than limit+64 KB)."""
+        got: object = _FALLBACK
+        if not self.failed and is_sha(sha):
+            try:
+                got = self._read(sha, limit)
+            except (OSError, ValueError, GitError):
+                self.close()       # out of step or dead: plain read_blob from now on
+                self.failed = True
+                got = _FALLBACK
+        return read_blob(self.root, sha, limit) if got is _FALLBACK else got  # type: ignore[return-value]
+
+    def _read(self, sha: str, limit: int) -> object:
+        if self.proc is None:
+            self.proc = subprocess.Popen(["git", "cat-file", "--batch"], cwd=str(self.root), stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=git_env())
+        stdin, stdout = self.proc.stdin, self.proc.stdout
+        assert stdin is not None and stdout is not None
+        if sha in self.pending:
+            while self.pending[0] != sha:       # asked ahead but skipped by the caller
+                self._answer(stdout, self.pending.popleft(), -1)
+        else:
+            while self.pending:
+                self._answer(stdout, self.pending.popleft(), -1)
+            hint = self._find_hint(sha)
+            if hint >= 0:
+                self.next_hint = hint + 1
+            stdin.write(sha.encode("ascii") + b"\n")
+            self.pending.append(sha)
+        # ask for the next ones before reading this answer: git works while the caller does
+        while len(self.pending) < self.window and self.next_hint < len(self.upcoming):
+            nxt = self.upcoming[self.next_hint]
+            self.next_hint += 1
+            stdin.write(nxt.encode("ascii") + b"\n")
+            self.pending.append(nxt)
+        stdin.flush()
+        return self._answer(stdout, self.pending.popleft(), limit)
+
+    def _find_hint(self, sha: str, lookahead: int = 64) -> int:
+        end = min(len(self.upcoming), self.next_hint + lookahead)
+        for i in range(self.next_hint, end):
+            if self.upcoming[i] == sha:
+                return i
+        return -1
+
+    def _answer(self, stdout: IO[bytes], sha: str, limit: int) -> object:
+        """Read git's answer for sha: its bytes, None when over limit, _FALLBACK when not a blob. limit -1:
+        read past it (an answer nobody wants any more)."""
+        header = stdout.readline()
+        if not header.endswith(b"\n"):
+            raise GitError("git cat-file --batch ended")
+        parts = header.split()
+        if len(parts) == 2 and parts[0] == sha.encode("ascii") and parts[1] == b"missing":
+            return _FALLBACK
+        if len(parts) != 3 or parts[0] != sha.encode("ascii") or not parts[2].isdigit():
+            raise GitError(f"unexpected git cat-file --batch answer {header[:100]!r}")
+        size = int(parts[2])
+        if parts[1] != b"blob" or size > limit:
+            self._skip(stdout, size + 1)      # the object and its newline: keep the stream in step
+            return _FALLBACK if parts[1] != b"blob" else None
+        data = stdout.read(size + 1)
+        if len(data) != size + 1 or not data.endswith(b"\n"):
+            raise GitError("git cat-file --batch: short read")
+        return data[:-1]
+
+    @staticmethod
+    def _skip(stream: IO[bytes], n: int) -> None:
+        while n > 0:
+            chunk = stream.read(min(n, 65536))
+            if not chunk:
+                raise GitError("git cat-file --batch: short read")
+            n -= len(chunk)
+
+    def close(self) -> None:
+        proc, self.proc = self.proc, None
+        self.pending.clear()
+        if proc is None:
+            return
+        for stream in (proc.stdin, proc.stdout):
+            try:
+                if stream:
+                    stream.close()
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+_FALLBACK = object()
 
 
 def cat_blobs(root: Path, shas: list[str]) -> dict[str, bytes]:

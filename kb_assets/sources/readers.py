@@ -1,7 +1,8 @@
 """read_entry: one listed file -> SourceDocument(s) (text redacted) or a Skip with a reason.
 
 Content comes from the working tree (opened read-only, re-checked to be a regular file inside the root),
-or in HEAD mode from the committed blob (`git cat-file blob <entry.sig>`), never more than the size bound.
+or in HEAD mode from the committed blob (`git cat-file blob <entry.sig>`, or a BlobReader's one
+`git cat-file --batch` for a whole run), never more than the size bound.
 
 Kind: source.kind, or per path when source.auto_kind (see classify.auto_kind_for; a PEP header also makes
 a doc an adr). Order of work for text kinds: decode (binary / not-utf8 skips) -> generated marker ->
@@ -33,7 +34,7 @@ from kb_assets.sources.content import (
 )
 from kb_assets.sources.decisions import is_pep, parse_adr, parse_pep
 from kb_assets.sources.discovery import FileEntry, effective_max_bytes, source_enabled
-from kb_assets.sources.gitutil import GitError, git_env, is_sha, read_blob
+from kb_assets.sources.gitutil import BlobReader, GitError, git_env, is_sha, read_blob
 from kb_assets.sources.redaction import config_style_for, merge_counts, redact
 from kb_assets.sources.sections import render_sections
 from kb_assets.sources.textutil import (
@@ -55,8 +56,9 @@ class _SkipNow(Exception):
 
 
 def read_entry(root: Path, entry: FileEntry, source: SourceConfig,
-               git_dates: GitDates | None = None) -> list[SourceDocument] | Skip:
-    """Read one listed file. Never raises for bad input: every problem is a Skip with a reason."""
+               git_dates: GitDates | None = None, blobs: BlobReader | None = None) -> list[SourceDocument] | Skip:
+    """Read one listed file. Never raises for bad input: every problem is a Skip with a reason.
+    `blobs`: a BlobReader on root for HEAD-mode reads of many files (else one git process per blob)."""
     root = Path(root)
     path = entry.path
     if not source_enabled(source):
@@ -66,7 +68,7 @@ def read_entry(root: Path, entry: FileEntry, source: SourceConfig,
     try:
         if kind == "transcript":
             return _read_transcript_entry(root, entry, source, limit)
-        data = _read_bytes(root, entry, source, limit)
+        data = _read_bytes(root, entry, source, limit, blobs)
         try:
             text = decode_text(data)
         except DecodeError as exc:
@@ -138,10 +140,11 @@ def _open_worktree_checked(root: Path, full: str) -> IO[bytes]:
     return os.fdopen(fd, "rb")
 
 
-def _read_bytes(root: Path, entry: FileEntry, source: SourceConfig, limit: int) -> bytes:
+def _read_bytes(root: Path, entry: FileEntry, source: SourceConfig, limit: int,
+                blobs: BlobReader | None = None) -> bytes:
     if source.content == "HEAD" and is_sha(entry.sig):
         try:
-            data = read_blob(root, entry.sig, limit)
+            data = blobs.read(entry.sig, limit) if blobs is not None else read_blob(root, entry.sig, limit)
         except GitError as exc:
             raise _SkipNow("unreadable", str(exc)[:300]) from None
         if data is None:
