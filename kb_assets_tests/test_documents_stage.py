@@ -215,6 +215,17 @@ def test_a_path_twice_in_a_batch_is_written_in_two_statements(conn):
     assert rows == [("a.md", "A2", "three"), ("b.md", "B", "two")]
 
 
+def test_batches_are_bounded_by_text_size_too(tmp_path, db_url, conn, monkeypatch):
+    cfg = _small_tree(tmp_path, db_url)
+    monkeypatch.setattr(D, "WRITE_BATCH_CHARS", 1000)     # each text: ~480 characters
+    sizes = []
+    real = D.write_batch
+    monkeypatch.setattr(D, "write_batch", lambda c, k, m, b: (sizes.append(len(b.rows)), real(c, k, m, b)))
+    stats = D.sync_documents(conn, cfg, cfg.sources[0])
+    assert stats.new == 7 and sum(sizes) == 7 and len(sizes) >= 3     # not one batch of 7 (WRITE_BATCH 200)
+    assert conn.execute("SELECT count(*) FROM documents WHERE status = 'active'").fetchone()[0] == 7
+
+
 def _small_tree(tmp_path: Path, url: str, n: int = 7):
     root = tmp_path / "t"
     for i in range(n):

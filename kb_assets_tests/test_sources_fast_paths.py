@@ -306,3 +306,48 @@ def test_blob_reader_reads_like_one_git_process_per_blob(tmp_path):
                 assert got == want, (sha, limit, upcoming[:3])
             assert br.proc is not None and not br.failed    # the batch process served them all
         assert br.proc is None                               # closed on exit
+
+
+def _longest_line_reference(text: str) -> tuple[int, int]:
+    best, best_no, start, no = 0, 1, 0, 1
+    while True:
+        end = text.find("\n", start)
+        length = (len(text) if end < 0 else end) - start
+        if length > best:
+            best, best_no = length, no
+        if end < 0:
+            return best, best_no
+        start, no = end + 1, no + 1
+
+
+def test_longest_line_is_the_first_of_the_longest():
+    texts = ["", "\n", "a", "ab\ncd", "a\nbcd\nefg\n", "\n\n\nxyz", "x" * 50 + "\n" + "y" * 50]
+    texts += ["\n".join(r(RND.randint(0, 9)) for _ in range(RND.randint(1, 30))) for _ in range(300)]
+    for t in texts:
+        assert content.longest_line(t) == _longest_line_reference(t), t
+
+
+def _sniff_reference(head: bytes, nul_is_binary: bool = True) -> str | None:
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return None
+    for magic, what in content._MAGIC:
+        if head.startswith(magic):
+            if magic in (b"MZ", b"ID3", b"RIFF") and b"\x00" not in head[:content.SNIFF_BYTES]:
+                continue
+            return f"{what} (magic bytes)"
+    if content._FTYP.match(head[:12]):
+        return "MP4/QuickTime/HEIF media (magic bytes)"
+    nul = head.find(b"\x00", 0, content.SNIFF_BYTES) if nul_is_binary else -1
+    if nul >= 0:
+        return f"NUL byte at offset {nul} in the first {content.SNIFF_BYTES // 1024} KB"
+    return None
+
+
+def test_binary_sniff_with_its_one_call_pre_check():
+    heads = [b"", b"plain text", b"MZ is text", b"MZ\x00bin", b"ID3 tag", b"RIFF\x00", b"\xff\xfeu\x00",
+             b"\x00\x00\x00\x18ftypmp42"]
+    heads += [m + tail for m, _ in content._MAGIC for tail in (b"", b"x" * 20, b"\x00")]
+    heads += [os.urandom(RND.randint(0, 40)) for _ in range(500)]
+    for h in heads:
+        for nul in (True, False):
+            assert content.sniff_binary(h, nul_is_binary=nul) == _sniff_reference(h, nul), h

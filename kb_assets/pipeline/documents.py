@@ -24,7 +24,8 @@ from kb_assets.pipeline.progress import Progress, null_progress
 
 log = logging.getLogger(__name__)
 
-WRITE_BATCH = 200  # documents written per transaction
+WRITE_BATCH = 200  # documents written per transaction (and per statement)
+WRITE_BATCH_CHARS = 16_000_000  # ... or fewer when their texts add up to this (transcripts: bounded memory)
 
 
 @dataclass
@@ -163,7 +164,7 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
                 removed = [p for p in had if p not in new_paths]
                 batch.gone.extend(removed)
                 stats.deleted += len(removed)
-            if len(batch.rows) >= WRITE_BATCH:
+            if len(batch.rows) >= WRITE_BATCH or batch.chars >= WRITE_BATCH_CHARS:
                 writer.submit(batch)
                 batch = _Batch()
             progress.advance()
@@ -260,6 +261,7 @@ class _Batch:
     rows: list[tuple] = field(default_factory=list)
     paths: set[str] = field(default_factory=set)
     gone: list[str] = field(default_factory=list)     # document paths to delete (before the upsert)
+    chars: int = 0                                    # length of the texts in rows
 
 
 def write_batch(conn: psycopg.Connection, source_key: str, commit: str | None, batch: _Batch) -> None:
@@ -276,11 +278,12 @@ def write_batch(conn: psycopg.Connection, source_key: str, commit: str | None, b
 
 
 class _BatchWriter:
-    """Writes batches in order on a thread of its own, at most two batches behind the reader."""
+    """Writes batches in order on a thread of its own, at most one batch behind the one being written
+    (memory: the batch being filled, one waiting, one being written)."""
 
     def __init__(self, conn: psycopg.Connection, source_key: str, commit: str | None):
         self.conn, self.source_key, self.commit = conn, source_key, commit
-        self.queue: queue.Queue[_Batch | None] = queue.Queue(maxsize=2)
+        self.queue: queue.Queue[_Batch | None] = queue.Queue(maxsize=1)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=f"kb-documents-writer-{source_key}", daemon=True)
         self.thread.start()
@@ -305,6 +308,7 @@ class _BatchWriter:
             batch = _Batch()
         batch.rows.append(row)
         batch.paths.add(row[0])
+        batch.chars += len(row[9] or "")
         return batch
 
     def submit(self, batch: _Batch) -> None:

@@ -21,6 +21,7 @@ _MAGIC: tuple[tuple[bytes, str], ...] = (
     (b"PAR1", "Parquet data"), (b"\x93NUMPY", "NumPy array"), (b"\x80\x04\x95", "Python pickle"),
     (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "MS Office document"), (b"\x1a\x45\xdf\xa3", "Matroska/WebM media"),
 )
+_MAGIC_PREFIXES = tuple(m for m, _ in _MAGIC)
 _FTYP = re.compile(rb"^....ftyp")  # MP4 / MOV / HEIC
 
 
@@ -29,15 +30,16 @@ def sniff_binary(head: bytes, *, nul_is_binary: bool = True) -> str | None:
     nul_is_binary=False: a NUL there is one corrupt line (skipped and counted), not a binary file."""
     if head.startswith((b"\xff\xfe", b"\xfe\xff")):
         return None  # UTF-16 with a BOM: decoded below
-    for magic, what in _MAGIC:
-        if head.startswith(magic):
-            if magic == b"MZ" and b"\x00" not in head[:SNIFF_BYTES]:
-                continue  # "MZ" is also plain text
-            if magic == b"ID3" and b"\x00" not in head[:SNIFF_BYTES]:
-                continue
-            if magic == b"RIFF" and b"\x00" not in head[:SNIFF_BYTES]:
-                continue
-            return f"{what} (magic bytes)"
+    if head.startswith(_MAGIC_PREFIXES):     # one C call dismisses most files
+        for magic, what in _MAGIC:
+            if head.startswith(magic):
+                if magic == b"MZ" and b"\x00" not in head[:SNIFF_BYTES]:
+                    continue  # "MZ" is also plain text
+                if magic == b"ID3" and b"\x00" not in head[:SNIFF_BYTES]:
+                    continue
+                if magic == b"RIFF" and b"\x00" not in head[:SNIFF_BYTES]:
+                    continue
+                return f"{what} (magic bytes)"
     if _FTYP.match(head[:12]):
         return "MP4/QuickTime/HEIF media (magic bytes)"
     nul = head.find(b"\x00", 0, SNIFF_BYTES) if nul_is_binary else -1
@@ -124,16 +126,10 @@ def minified(text: str) -> str | None:
 
 
 def longest_line(text: str) -> tuple[int, int]:
-    """(length, 1-based line number) of the longest line."""
-    best, best_no, start, no = 0, 1, 0, 1
-    while True:
-        end = text.find("\n", start)
-        length = (len(text) if end < 0 else end) - start
-        if length > best:
-            best, best_no = length, no
-        if end < 0:
-            return best, best_no
-        start, no = end + 1, no + 1
+    """(length, 1-based line number) of the longest line (the first one, on a tie)."""
+    lengths = list(map(len, text.split("\n")))
+    best = max(lengths)
+    return best, lengths.index(best) + 1
 
 
 def truncate_long_lines(text: str, max_chars: int) -> tuple[str, int]:

@@ -104,6 +104,10 @@ class _Collector:
     def __init__(self, root: Path, source: SourceConfig):
         self.root = root
         self.realroot = Path(os.path.realpath(root))
+        # realpath() results are normalised absolute paths: a string prefix test is _inside() without
+        # building a Path per file
+        self._realroot_str = str(self.realroot)
+        self._realroot_prefix = self._realroot_str.rstrip(os.sep) + os.sep
         self.source = source
         self.globs = GlobSet(source.include, source.exclude)
         self.include_mentions = frozenset(
@@ -157,7 +161,7 @@ class _Collector:
         except (OSError, RuntimeError) as exc:
             self.skip(Skip(path, "not-regular-file", f"symlink loop or unresolvable path ({exc})"))
             return
-        if not _inside(Path(real), self.realroot):
+        if not (real == self._realroot_str or real.startswith(self._realroot_prefix)):   # _inside, on strings
             self.skip(Skip(path, "symlink-outside-root", f"resolves to {real}, outside the source root"))
             return
         try:
