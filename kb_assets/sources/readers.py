@@ -87,6 +87,7 @@ def read_entry(root: Path, entry: FileEntry, source: SourceConfig,
 
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
 _PROC_FD = "/proc/self/fd/"
+_FAST_OPEN = bool(getattr(os, "O_NOFOLLOW", 0)) and os.path.isdir(_PROC_FD)   # Linux
 
 
 def _open_worktree(root: Path, path: str) -> IO[bytes]:
@@ -101,7 +102,7 @@ def _open_worktree_fast(root: Path, full: str) -> IO[bytes] | None:
     actually opened, so no race between the check and the open). Only a regular file inside the root is
     accepted; anything else (a final symlink, a missing /proc, outside the root...) returns None and
     goes through _open_worktree_checked, which decides the skip exactly as before."""
-    if not _OPEN_FLAGS & getattr(os, "O_NOFOLLOW", 0):
+    if not _FAST_OPEN:
         return None
     try:
         fd = os.open(full, _OPEN_FLAGS)
