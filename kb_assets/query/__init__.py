@@ -15,7 +15,8 @@ __all__ = ["recall", "show", "RecallResult", "Record", "QueryError", "make_id", 
            "estimate_tokens", "MODES", "Tuning", "DEFAULT_TUNING", "refresh_query_stats"]
 
 
-def refresh_query_stats(conn):
-    """Recompute the keyword statistics after indexing (see kb_assets.query.stats)."""
+def refresh_query_stats(conn, *, full: bool = False):
+    """Bring the keyword statistics and document vectors up to date after indexing (see kb_assets.query.stats);
+    `full=True` recomputes them from scratch."""
     from kb_assets.query.stats import refresh_query_stats as _refresh
-    return _refresh(conn)
+    return _refresh(conn, full=full)
