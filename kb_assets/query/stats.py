@@ -301,12 +301,9 @@ def refresh_document_vectors(conn, space_table: str, dim: int, *, changed: set[i
     empty, build_index = conn.execute(sql.SQL("SELECT NOT EXISTS (SELECT 1 FROM {t}),"
                                               " to_regclass(quote_ident(%s)) IS NULL").format(t=t),
                                       (index,)).fetchone()   # a missing index is built after the commit
-    if changed is None:
-        if empty:
-            # first build: bulk insert, then build the HNSW index once (much faster than row by row)
-            conn.execute(sql.SQL("DROP INDEX IF EXISTS {i}").format(i=sql.Identifier(index)))
-            build_index = True
-        removed = 0 if empty else conn.execute(sql.SQL("DELETE FROM {t}").format(t=t)).rowcount
+    if changed is None and empty:
+        # first build: bulk insert, then build the HNSW index once (much faster than row by row)
+        conn.execute(sql.SQL("DROP INDEX IF EXISTS {i}").format(i=sql.Identifier(index)))
         conn.execute("TRUNCATE doc_vector_pending")
         conn.execute("DELETE FROM vector_deletes")   # every space's: another space starts from scratch too
         # the aggregate's state is ~3 KB per document: without room it spills to disk (~2x slower)
@@ -317,48 +314,54 @@ def refresh_document_vectors(conn, space_table: str, dim: int, *, changed: set[i
             " WHERE n_emb < n_all)"
             " INSERT INTO {t} (document_id, content_hash, n_chunks, embedding)"
             " SELECT id, content_hash, n_emb, v FROM s WHERE n_emb > 0").format(t=t, e=e, where=sql.SQL(""))).rowcount
-        return {"added": added, "removed": removed, "rebuilt": True, "build_index": build_index}
+        return {"added": added, "removed": 0, "rebuilt": True, "build_index": True}
 
-    docs = set(changed)
-    # documents deleted, no longer active, or whose content changed
-    docs.update(r[0] for r in conn.execute(sql.SQL(
-        "SELECT x.document_id FROM {t} x LEFT JOIN documents d ON d.id = x.document_id"
-        " WHERE d.id IS NULL OR d.status <> 'active' OR d.content_hash IS DISTINCT FROM x.content_hash").format(t=t)))
-    # vectors deleted from the space (and replaced, perhaps): the documents that use them
-    gone = [h for table, h in conn.execute("DELETE FROM vector_deletes RETURNING space_table, chunk_hash")
-            if table == space_table]
-    if gone:
-        docs.update(r[0] for r in conn.execute("SELECT DISTINCT document_id FROM chunks WHERE chunk_hash = ANY(%s)",
-                                               (gone,)))
-    # documents some of whose chunks had no vector yet, when that number moved
-    docs.update(r[0] for r in conn.execute(sql.SQL(
-        "SELECT p.document_id FROM doc_vector_pending p WHERE p.n_embedded <> (SELECT count(*) FROM chunks c"
-        " JOIN {e} e ON e.chunk_hash = c.chunk_hash WHERE c.document_id = p.document_id)").format(e=e)))
-    if not docs:
-        return {"added": 0, "removed": 0, "rebuilt": False, "build_index": build_index}
-    ids = list(docs)
+    if changed is None:     # everything recomputed, into a table that has rows (repair, a TRUNCATE of chunks)
+        conn.execute("TRUNCATE doc_vector_pending")
+        conn.execute("DELETE FROM vector_deletes")
+        ids = None
+    else:
+        docs = set(changed)
+        # documents deleted, no longer active, or whose content changed
+        docs.update(r[0] for r in conn.execute(sql.SQL(
+            "SELECT x.document_id FROM {t} x LEFT JOIN documents d ON d.id = x.document_id WHERE d.id IS NULL"
+            " OR d.status <> 'active' OR d.content_hash IS DISTINCT FROM x.content_hash").format(t=t)))
+        # vectors deleted from the space (and replaced, perhaps): the documents that use them
+        gone = [h for table, h in conn.execute("DELETE FROM vector_deletes RETURNING space_table, chunk_hash")
+                if table == space_table]
+        if gone:
+            docs.update(r[0] for r in conn.execute(
+                "SELECT DISTINCT document_id FROM chunks WHERE chunk_hash = ANY(%s)", (gone,)))
+        # documents some of whose chunks had no vector yet, when that number moved
+        docs.update(r[0] for r in conn.execute(sql.SQL(
+            "SELECT p.document_id FROM doc_vector_pending p WHERE p.n_embedded <> (SELECT count(*) FROM chunks c"
+            " JOIN {e} e ON e.chunk_hash = c.chunk_hash WHERE c.document_id = p.document_id)").format(e=e)))
+        if not docs:
+            return {"added": 0, "removed": 0, "rebuilt": False, "build_index": build_index}
+        ids = list(docs)
+        conn.execute("DELETE FROM doc_vector_pending WHERE document_id = ANY(%s)", (ids,))
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS _doc_means (id bigint, content_hash text, n_all bigint,"
                  " n_emb bigint, v vector) ON COMMIT DELETE ROWS")
     conn.execute("DELETE FROM _doc_means")   # (inside a caller's longer transaction, a previous refresh's)
-    if len(ids) <= BULK_DOCUMENTS:
+    if ids is not None and len(ids) <= BULK_DOCUMENTS:
         conn.execute(sql.SQL("INSERT INTO _doc_means " + _MEANS_SQL).format(
             e=e, where=sql.SQL(" AND d.id = ANY(%s)")), (ids,))
     else:   # many documents (e.g. all re-chunked): hash joins over everything beat an index lookup per chunk
         conn.execute("SET LOCAL work_mem = '64MB'")
-        conn.execute(sql.SQL("INSERT INTO _doc_means SELECT * FROM (" + _MEANS_SQL + ") m WHERE id = ANY(%s)")
-                     .format(e=e, where=sql.SQL("")), (ids,))
-    conn.execute("DELETE FROM doc_vector_pending WHERE document_id = ANY(%s)", (ids,))
+        conn.execute(sql.SQL("INSERT INTO _doc_means SELECT * FROM (" + _MEANS_SQL + ") m"
+                             + (" WHERE id = ANY(%s)" if ids is not None else "")).format(e=e, where=sql.SQL("")),
+                     (ids,) if ids is not None else None)
     conn.execute("INSERT INTO doc_vector_pending (document_id, n_embedded) SELECT id, n_emb FROM _doc_means"
                  " WHERE n_emb < n_all")
     # Only rows that differ are replaced: each replacement is an HNSW insert (~1-2 ms), and a document whose
     # chunks were cut again the same (e.g. every document re-chunked) keeps its row.
     removed = conn.execute(sql.SQL(
-        "DELETE FROM {t} x WHERE x.document_id = ANY(%s) AND NOT EXISTS (SELECT 1 FROM _doc_means s"
-        " WHERE s.id = x.document_id AND s.n_emb > 0 AND s.n_emb = x.n_chunks"
-        " AND s.content_hash IS NOT DISTINCT FROM x.content_hash AND s.v = x.embedding)").format(t=t),
-        (ids,)).rowcount
+        "DELETE FROM {t} x WHERE " + ("x.document_id = ANY(%s) AND " if ids is not None else "") +
+        "NOT EXISTS (SELECT 1 FROM _doc_means s WHERE s.id = x.document_id AND s.n_emb > 0"
+        " AND s.n_emb = x.n_chunks AND s.content_hash IS NOT DISTINCT FROM x.content_hash AND s.v = x.embedding)"
+    ).format(t=t), (ids,) if ids is not None else None).rowcount
     added = conn.execute(sql.SQL(
         "INSERT INTO {t} (document_id, content_hash, n_chunks, embedding) SELECT id, content_hash, n_emb, v"
         " FROM _doc_means s WHERE n_emb > 0 AND NOT EXISTS (SELECT 1 FROM {t} x WHERE x.document_id = s.id)"
     ).format(t=t)).rowcount
-    return {"added": added, "removed": removed, "rebuilt": False, "build_index": build_index}
+    return {"added": added, "removed": removed, "rebuilt": ids is None, "build_index": build_index}
