@@ -128,11 +128,10 @@ def test_markdown_deep_nesting_does_not_crash_or_recurse(counter, raw):
 def test_markdown_parser_failure_falls_back_to_paragraphs(counter, raw, monkeypatch):
     import kb_assets.chunking.markdown as md
 
-    class Broken:
-        def parse(self, text):
-            raise RecursionError("boom")
+    def broken(text):
+        raise RecursionError("boom")
 
-    monkeypatch.setattr(md, "_parser", lambda: Broken())
+    monkeypatch.setattr(md, "block_structure", broken)
     text = "# A\n\n" + "\n\n".join(words(80, k) for k in range(6))
     doc, chunks = chunk(text, counter=counter)
     check(doc, chunks, raw)

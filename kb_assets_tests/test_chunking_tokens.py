@@ -70,6 +70,24 @@ def test_counter_is_exact_on_odd_text(raw_tokenizer, text):
     assert counter([text]) == _reference(raw_tokenizer, [text])
 
 
+def test_counter_reuses_paragraphs_exactly(raw_tokenizer):
+    """The chunker counts a document's paragraphs, then chunks made of them (after a heading line, with odd
+    separators and overlaps): the cached paragraph counts must add up to what the tokenizer says."""
+    counter = make_token_counter()
+    text = (FIXTURES / "pep-0616.rst").read_text()
+    paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
+    edges = ["x\x0b", "\x0by", "a\x85", "[SEP] z", "  indented\n    code", "tab\tend\t", "\u3000wide\u3000", "ab\x1c"]
+    assert counter(paragraphs + edges) == _reference(raw_tokenizer, paragraphs + edges)
+    composed = []
+    for i in range(0, len(paragraphs) - 3, 2):
+        a, b, c = paragraphs[i:i + 3]
+        composed += [f"Heading > Sub\n{a}\n\n{b}", f"{a}\n\n\n{b}\n \n{c}", f"{a[len(a) // 2:]}\n\n{b}",
+                     f"H\n  {a}\n\n\t{b}  \n\n", f"{a}\x0b\n\n{b}", f"{a}\n\n\x0b{b}"]
+    composed += [f"{e}\n\n{f}" for e in edges for f in edges] + [f"T\n{e}" for e in edges]
+    assert counter(composed) == _reference(raw_tokenizer, composed)
+    assert counter(composed) == _reference(raw_tokenizer, composed)     # all cached now
+
+
 def test_counter_rejects_a_missing_file(tmp_path):
     with pytest.raises(ValueError, match="cannot load tokenizer"):
         make_token_counter(tmp_path / "nope.json")

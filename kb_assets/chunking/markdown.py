@@ -1,17 +1,16 @@
 """Markdown (and markdown-rendered work items / sessions): sections by heading, blocks by paragraph.
 
-Headings come from markdown-it-py's block parser (inline parsing is switched off: it is not needed and
-costs half the time), so '#' lines inside fenced code, indented code or HTML blocks are not headings, and
-setext headings ("Title\\n=====") are. Only top-level headings open sections (a '#' line inside a list
-or a block quote does not). Paragraphs are split on blank lines, never inside a fence, indented code or
-HTML block. YAML front matter is a section of its own. When the parser fails (it has a nesting limit,
-but anything can happen on hostile input) the caller falls back to plain paragraphs.
+Headings come from markdown-it-py's block rules, without inline parsing, lists or block quotes
+(`block_structure`: a line scanner that gives what that parser gives, at a tenth of its cost), so '#' lines
+inside fenced code, indented code or HTML blocks are not headings, and setext headings ("Title\\n=====") are.
+Only top-level headings open sections (a '#' line inside a list or a block quote does not). Paragraphs are
+split on blank lines, never inside a fence, indented code or HTML block. YAML front matter is a section of its
+own. Should the scanner ever fail on hostile input, the caller falls back to plain paragraphs.
 """
 from __future__ import annotations
 
 import re
 import threading
-from bisect import bisect_left
 
 from kb_assets.chunking.core import Lines, Section, clipped, heading_path
 
@@ -44,6 +43,208 @@ def _parser():
     return md
 
 
+# A block: (kind, first line, end line (exclusive), heading level, ATX heading title, html block opens with "<!--").
+# kind: "heading" (ATX), "setext", "fence", "code_block", "html_block"; lines are 0-based lines of the parsed text.
+Block = tuple[str, int, int, int, str, bool]
+
+
+def block_structure_markdown_it(text: str) -> list[Block]:
+    """The blocks that matter here, from markdown-it-py's block parser configured as `_parser` says (the reference
+    `block_structure` reproduces; also the fallback when markdown-it's internals it reuses are missing)."""
+    tokens = _parser().parse(text)
+    out: list[Block] = []
+    for i, t in enumerate(tokens):
+        tt = t.type
+        if tt == "heading_open":
+            if t.level == 0 and t.map:
+                if t.markup in ("=", "-"):
+                    out.append(("setext", t.map[0], t.map[1], int(t.tag[1:]), "", False))
+                else:
+                    nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+                    title = nxt.content if nxt is not None and nxt.type == "inline" else ""
+                    out.append(("heading", t.map[0], t.map[1], int(t.tag[1:]), title, False))
+        elif tt in ("fence", "code_block", "html_block"):
+            if t.map:
+                comment = tt == "html_block" and t.level == 0 and t.content.lstrip().startswith("<!--")
+                out.append((tt, t.map[0], t.map[1], 0, "", comment))
+    return out
+
+
+try:
+    from markdown_it.common.utils import mdTrim as _md_trim
+    from markdown_it.rules_block.html_block import HTML_SEQUENCES as _HTML_SEQUENCES
+except ImportError:        # another markdown-it-py layout: use the parser itself
+    _HTML_SEQUENCES = None
+
+_CRLF = re.compile(r"\r\n?")
+
+
+def block_structure(text: str) -> list[Block]:
+    """`block_structure_markdown_it(text)`, computed directly: a line scanner for exactly the block rules that
+    parser runs (indented code, fences, thematic breaks, HTML blocks, ATX and setext headings, paragraphs: no
+    containers, so every block is at the top level and a block's extent depends on its own lines only). It
+    follows markdown-it-py's rules line for line and reuses its HTML-block patterns, at ~1/10 of the parse's cost.
+    kb_assets_tests/test_chunking_markdown_blocks.py holds it to markdown-it on corpora and random documents."""
+    if _HTML_SEQUENCES is None:
+        return block_structure_markdown_it(text)
+    # markdown-it's normalize step: CR LF / CR become LF, NUL becomes U+FFFD
+    if "\r" in text:
+        text = _CRLF.sub("\n", text)
+    if "\0" in text:
+        text = text.replace("\0", "\ufffd")
+    if not text:
+        return []
+    raw = text.split("\n")
+    if text.endswith("\n") or not raw[-1].strip(" \t"):
+        raw.pop()           # no line after a final LF; a final line of spaces and tabs only is not a line either
+    n = len(raw)
+    body = [line.lstrip(" \t") for line in raw]          # the line from its first non-space (tShift)
+    ind = [len(line) - len(b) for line, b in zip(raw, body)]   # indent in columns (sCount)
+    if "\t" in text:
+        for i, line in enumerate(raw):
+            if ind[i] and "\t" in line[:ind[i]]:
+                col = 0
+                for ch in line[:ind[i]]:
+                    col += 4 - col % 4 if ch == "\t" else 1
+                ind[i] = col
+    seqs = _HTML_SEQUENCES
+    out: list[Block] = []
+
+    def fence_open(i: int):
+        """(marker, run length) when line i opens a fence, else None (the fence rule in silent mode)."""
+        b = body[i]
+        if len(b) < 3:
+            return None
+        m = b[0]
+        k = len(b) - len(b.lstrip(m))
+        if k < 3 or (m == "`" and "`" in b[k:]):
+            return None
+        return m, k
+
+    def is_hr(b: str) -> bool:
+        m = b[0]
+        return b.count(m) >= 3 and not b.replace(m, "").strip(" \t")
+
+    def atx_level(b: str) -> int:
+        k = len(b) - len(b.lstrip("#"))
+        if k > 6 or (k < len(b) and b[k] not in " \t"):
+            return 0
+        return k
+
+    def terminates(i: int) -> bool:
+        """Whether line i (non-empty, indent < 4) ends a paragraph: fence, hr, html_block, heading (silent)."""
+        b = body[i]
+        c = b[0]
+        if c == "`" or c == "~":
+            return fence_open(i) is not None
+        if c == "*" or c == "-" or c == "_":
+            return is_hr(b)
+        if c == "<":
+            for open_re, _close, can_end in seqs:
+                if open_re.search(b):
+                    return can_end
+            return False
+        if c == "#":
+            return atx_level(b) > 0
+        return False
+
+    line = 0
+    while line < n:
+        while line < n and not body[line]:
+            line += 1
+        if line >= n:
+            break
+        b = body[line]
+        c = b[0]
+        if ind[line] >= 4:                                   # indented code
+            last = nxt = line + 1
+            while nxt < n:
+                if not body[nxt]:
+                    nxt += 1
+                elif ind[nxt] >= 4:
+                    nxt += 1
+                    last = nxt
+                else:
+                    break
+            out.append(("code_block", line, last, 0, "", False))
+            line = last
+            continue
+        if c == "`" or c == "~":
+            f = fence_open(line)
+            if f is not None:
+                m, k = f
+                nxt = line + 1
+                found = False
+                while nxt < n:
+                    nb = body[nxt]
+                    if nb[:1] == m and ind[nxt] < 4:
+                        r = len(nb) - len(nb.lstrip(m))
+                        if r >= k and not nb[r:].strip(" \t"):
+                            found = True
+                            break
+                    nxt += 1
+                end = nxt + 1 if found else nxt
+                out.append(("fence", line, end, 0, "", False))
+                line = end
+                continue
+        if (c == "*" or c == "-" or c == "_") and is_hr(b):
+            line += 1
+            continue
+        if c == "<":
+            seq = None
+            for candidate in seqs:
+                if candidate[0].search(b):
+                    seq = candidate
+                    break
+            if seq is not None:
+                close = seq[1]
+                nxt = line + 1
+                if not close.search(b):
+                    while nxt < n:
+                        nb = body[nxt]
+                        if close.search(nb):
+                            if nb:
+                                nxt += 1
+                            break
+                        nxt += 1
+                out.append(("html_block", line, nxt, 0, "", b.startswith("<!--")))
+                line = nxt
+                continue
+        if c == "#":
+            level = atx_level(b)
+            if level:
+                rest = b[level:].rstrip(" \t")
+                cut = rest.rstrip("#")
+                if cut and cut[-1] in " \t":
+                    rest = cut
+                out.append(("heading", line, line + 1, level, _md_trim(rest), False))
+                line += 1
+                continue
+        # setext heading or paragraph: runs to a blank line, an underline or a line that interrupts it
+        nxt = line + 1
+        setext = 0
+        while nxt < n:
+            nb = body[nxt]
+            if not nb:
+                break
+            if ind[nxt] > 3:                                  # lazy continuation
+                nxt += 1
+                continue
+            m = nb[0]
+            if (m == "=" or m == "-") and not nb.lstrip(m).strip(" \t"):
+                setext = 1 if m == "=" else 2
+                break
+            if terminates(nxt):
+                break
+            nxt += 1
+        if setext:
+            out.append(("setext", line, nxt + 1, setext, "", False))
+            line = nxt + 1
+        else:
+            line = nxt
+    return out
+
+
 def _front_matter_lines(text: str, lines: Lines) -> int:
     """Number of lines of a leading '---' ... '---' YAML block (0 when there is none)."""
     if not text.startswith("---") or lines.count < 2 or lines.line(0).rstrip() != "---":
@@ -67,33 +268,25 @@ def markdown_sections(text: str, lines: Lines, *, markers: bool = False) -> list
         parse_text = "\n" * fm + rest if fm < lines.count else "\n" * (lines.count - 1)
     if "\r" in parse_text:
         parse_text = _LONE_CR.sub(" ", parse_text)   # markdown-it counts a lone CR as a line break; we do not
-    parse_text, orig = _compress(parse_text, lines.count)
     try:
-        tokens = _parser().parse(parse_text)
-    except Exception:   # RecursionError included: hostile nesting must not take the document down
+        blocks = block_structure(parse_text)
+    except Exception:   # anything can happen on hostile input: it must not take the document down
         return None
 
     events: list[tuple[int, int, int, str]] = []    # (first line, end line, level or 0 for a marker, title)
     protected_lines: list[tuple[int, int]] = []
-    for i, t in enumerate(tokens):
-        tt = t.type
-        if tt == "heading_open":
-            if t.level == 0 and t.map:
-                a, b = orig(t.map[0]), orig(t.map[1])
-                if t.markup in ("=", "-"):           # setext: the title is every line above the underline
-                    title = " ".join(lines.line(k).strip() for k in range(a, b - 1))
-                    if _NOT_SETEXT.match(title):
-                        continue     # "- item\n---": a list (or quote) followed by a rule, not a heading
-                else:
-                    nxt = tokens[i + 1] if i + 1 < len(tokens) else None
-                    title = nxt.content if nxt is not None and nxt.type == "inline" else ""
-                events.append((a, b, int(t.tag[1:]), title))
-        elif tt in ("fence", "code_block", "html_block"):
-            if t.map:
-                a, b = orig(t.map[0]), orig(t.map[1])
-                protected_lines.append((a, b))
-                if markers and tt == "html_block" and t.level == 0 and t.content.lstrip().startswith("<!--"):
-                    events.append((a, a, 0, ""))
+    for kind, a, b, level, title, comment in blocks:
+        if kind == "heading":
+            events.append((a, b, level, title))
+        elif kind == "setext":                       # the title is every line above the underline
+            title = " ".join(lines.line(k).strip() for k in range(a, b - 1))
+            if _NOT_SETEXT.match(title):
+                continue     # "- item\n---": a list (or quote) followed by a rule, not a heading
+            events.append((a, b, level, title))
+        else:                                        # fence, code_block, html_block
+            protected_lines.append((a, b))
+            if markers and comment:
+                events.append((a, a, 0, ""))
 
     protected = _char_ranges(lines, protected_lines)
     sections: list[Section] = []
@@ -125,39 +318,6 @@ def markdown_sections(text: str, lines: Lines, *, markers: bool = False) -> list
             start = first
     _emit(sections, lines, heading, head, start, lines.count, protected)
     return sections
-
-
-# A run of "plain" lines (starting with a letter or digit, no '>') after a plain line: every line after the
-# first is a paragraph continuation (or fence / HTML block content) in every context markdown-it can be in
-# here (lists and block quotes are off), and none can end a fence or an HTML block. Dropping them before
-# parsing changes no heading, fence or HTML block, and spares the parser most of its per-line work.
-_PLAIN_RUN = re.compile(r"^[^\W_][^>\n]*\n(?:[^\W_][^>\n]*\n)+", re.M)
-
-
-def _compress(text: str, n_lines: int):
-    """(text without the continuation lines of plain runs, map from its line numbers to the original's)."""
-    firsts: list[int] = []     # compressed line index of each run's kept line
-    removed: list[int] = [0]   # lines removed by runs so far (prefix sums)
-    pieces: list[str] = []
-    pos = 0
-    line = 0                   # original line number at `pos`
-    for m in _PLAIN_RUN.finditer(text):
-        line += text.count("\n", pos, m.start())
-        n = text.count("\n", m.start(), m.end())
-        first_end = text.index("\n", m.start()) + 1
-        pieces.append(text[pos:first_end])
-        firsts.append(line - removed[-1])
-        removed.append(removed[-1] + n - 1)
-        line += n
-        pos = m.end()
-    if not firsts:
-        return text, lambda c: min(c, n_lines)
-    pieces.append(text[pos:])
-
-    def orig(c: int) -> int:
-        return min(n_lines, c + removed[bisect_left(firsts, c)])
-
-    return "".join(pieces), orig
 
 
 def _char_ranges(lines: Lines, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -36,7 +36,13 @@ class ChunkStats:
 def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int,
                  count_tokens: Callable[[list[str]], list[int]] | None,
                  overlap_tokens: int = 32, progress: Progress = null_progress) -> ChunkStats:
-    from kb_assets.chunking import chunk_document
+    """Cut every active document of a source whose text changed since its chunks were cut, and swap them in.
+
+    Batch N is cut (pure Python) in a worker thread while this thread swaps batch N-1 in and reads batch N+1:
+    the server's share of a swap (the generated tsvector and its GIN index) runs on the other core meanwhile.
+    Only this thread touches the connection; each batch's swap is one short transaction of its own.
+    """
+    from concurrent.futures import ThreadPoolExecutor
 
     started = time.perf_counter()
     stats = ChunkStats(source=source_key)
@@ -44,28 +50,33 @@ def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int,
         "SELECT id FROM documents WHERE source_key = %s AND status = 'active'"
         " AND chunked_hash IS DISTINCT FROM content_hash ORDER BY id", (source_key,))]
     progress.start(f"{source_key}: chunking", total=len(todo))
-    for i in range(0, len(todo), READ_BATCH):
-        ids = todo[i:i + READ_BATCH]
-        rows = conn.execute(
+    batches = [todo[i:i + READ_BATCH] for i in range(0, len(todo), READ_BATCH)]
+
+    def read(ids: list[int]) -> list:
+        return conn.execute(
             "SELECT id, path, kind, title, text, meta, content_hash FROM documents"
             " WHERE id = ANY(%s) AND status = 'active'", (ids,)).fetchall()
-        cut: list[tuple[int, str, list]] = []
-        for doc_id, path, kind, title, text, meta, content_hash in rows:
-            doc = SourceDocument(path=path, kind=kind, title=title, text=text or "", meta=meta or {})
-            try:
-                chunks = chunk_document(doc, max_tokens=max_tokens, overlap_tokens=overlap_tokens,
-                                        count_tokens=count_tokens)
-            except Exception as exc:
-                log.exception("chunking %s failed", path)
-                stats.errors += 1
-                conn.execute(
-                    "UPDATE documents SET meta = meta || jsonb_build_object('chunk_error', %s::text) WHERE id = %s",
-                    (f"{type(exc).__name__}: {exc}"[:500], doc_id))
-                continue
-            cut.append((doc_id, content_hash, chunks))
-        if cut:
-            _swap(conn, cut, stats)
-        progress.advance(len(ids))
+
+    encoding = conn.info.encoding
+
+    def cut(rows: list) -> _Batch:
+        return _cut_batch(rows, max_tokens=max_tokens, overlap_tokens=overlap_tokens, count_tokens=count_tokens,
+                          encoding=encoding)
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-chunk")
+    try:
+        pending = None          # (future of the batch being cut, its number of ids)
+        for ids in batches:
+            job = pool.submit(cut, read(ids))          # the read overlaps the cutting of the previous batch
+            if pending is not None:
+                _store(conn, pending[0].result(), stats)   # overlaps the cutting of this batch
+                progress.advance(pending[1])
+            pending = (job, len(ids))
+        if pending is not None:
+            _store(conn, pending[0].result(), stats)
+            progress.advance(pending[1])
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)   # on an error, batches not started are dropped
     progress.done()
     stats.chunks_total = conn.execute(
         "SELECT count(*) FROM chunks c JOIN documents d ON d.id = c.document_id WHERE d.source_key = %s",
@@ -74,7 +85,57 @@ def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int,
     return stats
 
 
-def _swap(conn: psycopg.Connection, cut: list[tuple[int, str, list]], stats: ChunkStats) -> None:
+@dataclass
+class _Batch:
+    cut: list[tuple[int, str, int, bytes]]      # (document id, content hash it was cut from, chunks, COPY rows)
+    errors: list[tuple[int, str, str]]          # (document id, path, "Error: message")
+
+
+# COPY's text format, escaped as psycopg's write_row escapes it (backslash first)
+_COPY_ESCAPES = (("\\", "\\\\"), ("\b", "\\b"), ("\t", "\\t"), ("\n", "\\n"), ("\v", "\\v"), ("\f", "\\f"),
+                 ("\r", "\\r"))
+
+
+def _copy_field(value: str) -> str:
+    value = value.replace("\x00", "")      # PostgreSQL text cannot hold NUL
+    for char, escaped in _COPY_ESCAPES:
+        value = value.replace(char, escaped)
+    return value
+
+
+def _cut_batch(rows: list, *, max_tokens: int, overlap_tokens: int,
+               count_tokens: Callable[[list[str]], list[int]] | None, encoding: str) -> _Batch:
+    """Chunk a batch of document rows (no database access: runs in the worker thread). Each document's chunks
+    become its COPY rows, already encoded: the thread that holds the connection only sends them, in a few large
+    writes instead of a write per row (each write may wait for that thread's turn at the GIL)."""
+    from kb_assets.chunking import chunk_document
+
+    out = _Batch([], [])
+    for doc_id, path, kind, title, text, meta, content_hash in rows:
+        doc = SourceDocument(path=path, kind=kind, title=title, text=text or "", meta=meta or {})
+        try:
+            chunks = chunk_document(doc, max_tokens=max_tokens, overlap_tokens=overlap_tokens,
+                                    count_tokens=count_tokens)
+        except Exception as exc:
+            log.exception("chunking %s failed", path)
+            out.errors.append((doc_id, path, f"{type(exc).__name__}: {exc}"[:500]))
+            continue
+        data = "".join(f"{doc_id}\t{c.ordinal}\t{_copy_field(c.heading)}\t{c.start_line}\t{c.end_line}\t"
+                       f"{c.token_count}\t{c.chunk_hash}\t{_copy_field(c.text)}\n" for c in chunks)
+        out.cut.append((doc_id, content_hash, len(chunks), data.encode(encoding)))
+    return out
+
+
+def _store(conn: psycopg.Connection, batch: _Batch, stats: ChunkStats) -> None:
+    for doc_id, _path, message in batch.errors:
+        stats.errors += 1
+        conn.execute("UPDATE documents SET meta = meta || jsonb_build_object('chunk_error', %s::text) WHERE id = %s",
+                     (message, doc_id))
+    if batch.cut:
+        _swap(conn, batch.cut, stats)
+
+
+def _swap(conn: psycopg.Connection, cut: list[tuple[int, str, int, bytes]], stats: ChunkStats) -> None:
     """Replace the chunks of a batch of documents in one short transaction: each document's old chunks stay
     visible until its new ones are committed. Only documents still at the version that was cut are swapped
     (a concurrent run may have moved on)."""
@@ -86,15 +147,11 @@ def _swap(conn: psycopg.Connection, cut: list[tuple[int, str, list]], stats: Chu
         if not ok:
             return
         stats.chunks_removed += conn.execute("DELETE FROM chunks WHERE document_id = ANY(%s)", (list(ok),)).rowcount
+        swapped = [c for c in cut if c[0] in ok]
         with conn.cursor().copy(
             "COPY chunks (document_id, ordinal, heading, start_line, end_line, token_count, chunk_hash, text)"
             " FROM STDIN"
         ) as copy:
-            for doc_id, _, chunks in cut:
-                if doc_id not in ok:
-                    continue
-                for c in chunks:
-                    copy.write_row((doc_id, c.ordinal, c.heading.replace("\x00", ""), c.start_line, c.end_line,
-                                    c.token_count, c.chunk_hash, c.text.replace("\x00", "")))
-                stats.documents_chunked += 1
-                stats.chunks_written += len(chunks)
+            copy.write(b"".join(c[3] for c in swapped))
+        stats.documents_chunked += len(swapped)
+        stats.chunks_written += sum(c[2] for c in swapped)
