@@ -64,10 +64,14 @@ def _run(conn, emb):
 
 
 def test_stored_chunks_are_exactly_chunk_documents(conn, emb, monkeypatch):
+    import sys
+
     monkeypatch.setattr(chunks_mod, "READ_BATCH", 3)       # several batches: cut and swap overlap
     docs = _texts()
     _add(conn, docs)
+    switch = sys.getswitchinterval()
     stats = _run(conn, emb)
+    assert sys.getswitchinterval() == switch                 # lowered while chunking only
     want = {}
     for path, text in docs.items():
         doc = SourceDocument(path=path, kind="code" if path.endswith(".py") else "doc", title="", text=text)
@@ -126,9 +130,9 @@ def test_a_document_edited_while_being_cut_is_not_swapped(conn, db_url, emb, mon
     edited = []
 
     def cut(rows, **kwargs):
+        doc_id, path = rows[-1][0], rows[-1][1]
         out = real_cut(rows, **kwargs)
-        if not edited:                                        # another run moves this document on meanwhile
-            doc_id, path = rows[1][0], rows[1][1]
+        if not edited and len(rows) > 1:                      # another run moves this document on meanwhile
             with connect(db_url) as other:
                 other.execute("UPDATE documents SET text = 'new text', content_hash = 'h2' WHERE id = %s", (doc_id,))
             edited.append(path)
@@ -167,7 +171,7 @@ def test_chunking_error_is_recorded_and_the_rest_is_swapped(conn, emb, monkeypat
 
 
 def test_a_failing_batch_keeps_the_committed_batches(conn, emb, monkeypatch):
-    monkeypatch.setattr(chunks_mod, "READ_BATCH", 6)
+    monkeypatch.setattr(chunks_mod, "READ_BATCH", 10)      # batches of 1, 10 and 6 documents
     docs = _texts()
     _add(conn, docs)
     real_cut = chunks_mod._cut_batch
@@ -175,19 +179,19 @@ def test_a_failing_batch_keeps_the_committed_batches(conn, emb, monkeypatch):
 
     def cut(rows, **kwargs):
         calls.append(len(rows))
-        if len(calls) == 2:
+        if len(calls) == 3:
             raise MemoryError("worker died")
         return real_cut(rows, **kwargs)
 
     monkeypatch.setattr(chunks_mod, "_cut_batch", cut)
     with pytest.raises(MemoryError):
         _run(conn, emb)
-    # the first batch is in, whole; nothing of the failed one; a re-run finishes the work
-    first = {r[0] for r in conn.execute("SELECT path FROM documents WHERE chunked_hash = content_hash")}
-    assert len(first) == 6 and set(_stored(conn)) <= first
+    # the first two batches are in, whole; nothing of the failed one; a re-run finishes the work
+    done = {r[0] for r in conn.execute("SELECT path FROM documents WHERE chunked_hash = content_hash")}
+    assert calls == [1, 10, 6] and len(done) == 11 and set(_stored(conn)) <= done
     monkeypatch.setattr(chunks_mod, "_cut_batch", real_cut)
     rerun = _run(conn, emb)
-    assert rerun.documents_chunked == len(docs) - 6 and rerun.errors == 0
+    assert rerun.documents_chunked == len(docs) - 11 and rerun.errors == 0
 
 
 def test_copy_fields_are_escaped_like_psycopg():

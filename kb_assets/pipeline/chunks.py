@@ -5,8 +5,13 @@ A document's old chunks stay visible until its new chunks replace them (invarian
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 import time
+from collections import deque
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from itertools import islice
 from typing import Callable
 
 import psycopg
@@ -17,6 +22,8 @@ from kb_assets.pipeline.progress import Progress, null_progress
 log = logging.getLogger(__name__)
 
 READ_BATCH = 100   # documents fetched per query (bounded memory)
+CUT_AHEAD = 3      # batches read and being cut while one is swapped in (more: faster, ~1.5 MB each)
+_COPY_WRITE = 128 * 1024
 
 
 @dataclass
@@ -38,8 +45,8 @@ def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int,
                  overlap_tokens: int = 32, progress: Progress = null_progress) -> ChunkStats:
     """Cut every active document of a source whose text changed since its chunks were cut, and swap them in.
 
-    Batch N is cut (pure Python) in a worker thread while this thread swaps batch N-1 in and reads batch N+1:
-    the server's share of a swap (the generated tsvector and its GIN index) runs on the other core meanwhile.
+    Batches N+1, N+2 are cut (pure Python) in a worker thread while this thread swaps batch N in: the server's
+    share of a swap (the generated tsvector and its GIN index) runs on the other core meanwhile.
     Only this thread touches the connection; each batch's swap is one short transaction of its own.
     """
     from concurrent.futures import ThreadPoolExecutor
@@ -50,7 +57,9 @@ def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int,
         "SELECT id FROM documents WHERE source_key = %s AND status = 'active'"
         " AND chunked_hash IS DISTINCT FROM content_hash ORDER BY id", (source_key,))]
     progress.start(f"{source_key}: chunking", total=len(todo))
-    batches = [todo[i:i + READ_BATCH] for i in range(0, len(todo), READ_BATCH)]
+    # a small first batch: nothing runs beside its cut, the server starts on its swap sooner
+    first = max(1, READ_BATCH // 10)
+    batches = [todo[:first]] + [todo[i:i + READ_BATCH] for i in range(first, len(todo), READ_BATCH)] if todo else []
 
     def read(ids: list[int]) -> list:
         return conn.execute(
@@ -65,16 +74,21 @@ def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int,
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-chunk")
     try:
-        pending = None          # (future of the batch being cut, its number of ids)
-        for ids in batches:
-            job = pool.submit(cut, read(ids))          # the read overlaps the cutting of the previous batch
-            if pending is not None:
-                _store(conn, pending[0].result(), stats)   # overlaps the cutting of this batch
-                progress.advance(pending[1])
-            pending = (job, len(ids))
-        if pending is not None:
-            _store(conn, pending[0].result(), stats)
-            progress.advance(pending[1])
+        with _prompt_gil_handoffs():
+            # up to CUT_AHEAD batches read and handed to the worker: batches vary in cost (a file of big
+            # classes, a file of prose), and with one the faster side waits on every slow batch of the other
+            pending: deque = deque()            # (future of a batch's cut, its number of documents)
+            queue = iter(batches)
+            for ids in islice(queue, CUT_AHEAD):
+                pending.append((pool.submit(cut, read(ids)), len(ids)))
+            while pending:
+                job, n = pending.popleft()
+                batch = job.result()
+                ids = next(queue, None)
+                if ids is not None:
+                    pending.append((pool.submit(cut, read(ids)), len(ids)))
+                _store(conn, batch, stats)                   # overlaps the cutting of the next batches
+                progress.advance(n)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)   # on an error, batches not started are dropped
     progress.done()
@@ -83,6 +97,31 @@ def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int,
         (source_key,)).fetchone()[0]
     stats.seconds = round(time.perf_counter() - started, 3)
     return stats
+
+
+_switch_lock = threading.Lock()
+_switch_users = 0
+_switch_saved = 0.0
+
+
+@contextmanager
+def _prompt_gil_handoffs(interval: float = 0.0005):
+    """Shorter GIL switch interval while chunking: after each network wait this thread needs the GIL back from
+    the worker, and at the default 5 ms the server sits idle between a batch's statements. The first entrant
+    saves the process's interval, the last one restores it."""
+    global _switch_users, _switch_saved
+    with _switch_lock:
+        if _switch_users == 0:
+            _switch_saved = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch_saved, interval))
+        _switch_users += 1
+    try:
+        yield
+    finally:
+        with _switch_lock:
+            _switch_users -= 1
+            if _switch_users == 0:
+                sys.setswitchinterval(_switch_saved)
 
 
 @dataclass
@@ -111,7 +150,8 @@ def _cut_batch(rows: list, *, max_tokens: int, overlap_tokens: int,
     from kb_assets.chunking import chunk_document
 
     out = _Batch([], [])
-    for doc_id, path, kind, title, text, meta, content_hash in rows:
+    for i, (doc_id, path, kind, title, text, meta, content_hash) in enumerate(rows):
+        rows[i] = None                      # the text is not kept once cut (batches wait in a queue)
         doc = SourceDocument(path=path, kind=kind, title=title, text=text or "", meta=meta or {})
         try:
             chunks = chunk_document(doc, max_tokens=max_tokens, overlap_tokens=overlap_tokens,
@@ -152,6 +192,15 @@ def _swap(conn: psycopg.Connection, cut: list[tuple[int, str, int, bytes]], stat
             "COPY chunks (document_id, ordinal, heading, start_line, end_line, token_count, chunk_hash, text)"
             " FROM STDIN"
         ) as copy:
-            copy.write(b"".join(c[3] for c in swapped))
+            group: list[bytes] = []
+            size = 0
+            for c in swapped:               # writes of ~128 KB (psycopg's largest), not one copy of the batch
+                group.append(c[3])
+                size += len(c[3])
+                if size >= _COPY_WRITE:
+                    copy.write(b"".join(group))
+                    group, size = [], 0
+            if group:
+                copy.write(b"".join(group))
         stats.documents_chunked += len(swapped)
         stats.chunks_written += sum(c[2] for c in swapped)
