@@ -11,8 +11,9 @@ Each run is a child process that imports kb_assets from its tree and runs `chunk
 with the stand-in embedder's token counter and 254-token budget, as the pipeline benchmark) on a fresh copy of
 the template database. It reports the stage's wall seconds, this process's CPU seconds (all threads), the
 server backend's CPU seconds (the generated tsvector, the GIN index, the heap: /proc of the backend, same
-machine only) and a digest of every chunk row (id, document path, ordinal, heading, lines, token count, chunk
-hash, text) and of the stats: the trees must agree on both, or the script fails. `--wait-idle F` starts a
+machine only) and a digest of every chunk row (document path, ordinal, heading, lines, token count, chunk
+hash, text; not the id, which follows the order a batch's rows come back in, a matter of the query plan) and
+of the stats: the trees must agree on both, or the script fails. `--wait-idle F` starts a
 round only when the machine was at least F idle over 3 s (other work on a shared 2-core machine swamps the
 figures). The embedded PostgreSQL is shared by all runs (started once, under --work).
 """
@@ -65,8 +66,8 @@ def child(args) -> None:
         h = hashlib.sha256()
         n = 0
         for row in conn.execute(
-                "SELECT c.id, d.path, c.ordinal, c.heading, c.start_line, c.end_line, c.token_count, c.chunk_hash,"
-                " c.text FROM chunks c JOIN documents d ON d.id = c.document_id ORDER BY d.path, c.ordinal"):
+                "SELECT d.path, c.ordinal, c.heading, c.start_line, c.end_line, c.token_count, c.chunk_hash, c.text"
+                " FROM chunks c JOIN documents d ON d.id = c.document_id ORDER BY d.path, c.ordinal"):
             h.update(json.dumps(row).encode("utf-8", "surrogatepass"))
             n += 1
         h.update(json.dumps(conn.execute("SELECT path, chunked_hash = content_hash, meta->>'chunk_error'"
