@@ -62,9 +62,10 @@ def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int,
     batches = [todo[:first]] + [todo[i:i + READ_BATCH] for i in range(first, len(todo), READ_BATCH)] if todo else []
 
     def read(ids: list[int]) -> list:
+        # in document order: chunk ids (keyword search breaks ties on them) follow it, not the query plan
         return conn.execute(
             "SELECT id, path, kind, title, text, meta, content_hash FROM documents"
-            " WHERE id = ANY(%s) AND status = 'active'", (ids,)).fetchall()
+            " WHERE id = ANY(%s) AND status = 'active' ORDER BY id", (ids,)).fetchall()
 
     encoding = conn.info.encoding
 
