@@ -90,6 +90,9 @@ _GENERATED_RE = re.compile(
 )
 
 
+_COMMENT_PREFIX = re.compile(r"""[\s#/*!<\-;%"'({]*""")
+
+
 def generated_marker(text: str, *, head_lines: int | None = None) -> str | None:
     """The generated-file marker near the top of a file, if any: first 2 KB (like linguist) for code; only
     the first head_lines lines for prose, where a generated block further down (a managed section of a
@@ -107,9 +110,13 @@ def generated_marker(text: str, *, head_lines: int | None = None) -> str | None:
     head = text[:end].lower()
     if "generated" not in head and "created" not in head:
         return None
-    m = _GENERATED_RE.search(text, 0, end)
-    if m:
-        return m.group(0)[:80]
+    for m in _GENERATED_RE.finditer(text, 0, end):
+        # In code the marker must open its line or follow a comment / docstring leader only: a test's string
+        # literal that quotes a marker (put("gen.md", "<!-- This file was automatically generated …")) is
+        # not one. Prose keeps any marker in its head lines.
+        line_start = text.rfind("\n", 0, m.start()) + 1
+        if head_lines is not None or _COMMENT_PREFIX.fullmatch(text, line_start, m.start()):
+            return m.group(0)[:80]
     return None
 
 
