@@ -22,7 +22,7 @@ DATABASE_URL_ENV = "KB_DATABASE_URL"
 VOYAGE_KEY_ENV = "VOYAGE_API_KEY"
 GEMINI_KEY_ENVS = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
 
-DEFAULT_DOC_GLOBS = ["**/*.md", "**/*.rst", "**/*.txt"]
+DEFAULT_DOC_GLOBS = ["**/*.md", "**/*.rst", "**/*.txt", "**/*.ipynb"]
 SOURCE_KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 
 

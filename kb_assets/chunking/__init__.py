@@ -36,7 +36,8 @@ __all__ = [
     "CountTokens", "TokenCounter", "language_for", "MIN_MAX_TOKENS",
 ]
 
-MARKDOWN_EXTENSIONS = frozenset({".md", ".markdown", ".mdx", ".mdown", ".mkd", ".mkdn"})
+# .ipynb: the reader renders a notebook as markdown (sources.notebooks)
+MARKDOWN_EXTENSIONS = frozenset({".md", ".markdown", ".mdx", ".mdown", ".mkd", ".mkdn", ".ipynb"})
 RST_EXTENSIONS = frozenset({".rst", ".rest"})
 TEXT_EXTENSIONS = frozenset({".txt", ".text", ".log"})
 MARKDOWN_KINDS = frozenset({"adr", "doc", "session", "readme", "agents_md", "memory"})

@@ -63,7 +63,8 @@ lock sum
 NON_CODE_LEXERS = frozenset({"Text only", "JSON", "JSONLD", "Raw token data", "Text output", "Data",
                              "JSON5", "Output"})
 # Document-like extensions (auto_kind: never "code").
-DOC_EXTENSIONS = frozenset({"md", "markdown", "mdx", "rst", "txt", "adoc", "asciidoc", "org", "mdc", "textile"})
+DOC_EXTENSIONS = frozenset({"md", "markdown", "mdx", "rst", "txt", "adoc", "asciidoc", "org", "mdc", "textile",
+                            "ipynb"})   # notebooks: read as markdown with code blocks (sources.notebooks)
 
 _PINNED_EXT = {  # extensions Pygments resolves ambiguously without content
     ".pl": "perl", ".pm": "perl", ".t": "perl", ".sql": "sql", ".h": "c", ".inc": "php", ".v": "verilog",

@@ -78,6 +78,8 @@ def read_entry(root: Path, entry: FileEntry, source: SourceConfig,
             return _work_items(path, text)
         if kind == "code":
             return _code(path, text, source)
+        if path.lower().endswith(".ipynb"):
+            return _notebook(path, text, kind, source, git_dates)
         return _prose(path, text, kind, source, git_dates)
     except _SkipNow as exc:
         return Skip(path, exc.reason, exc.detail)
@@ -269,6 +271,22 @@ def _work_items(path: str, text: str) -> list[SourceDocument] | Skip:
     if counter["malformed"]:
         for d in docs:
             d.meta["export_malformed_lines"] = counter["malformed"]
+    return docs
+
+
+def _notebook(path: str, text: str, kind: str, source: SourceConfig, git_dates: GitDates | None
+              ) -> list[SourceDocument] | Skip:
+    """A notebook's markdown and code cells as a prose document (outputs dropped: see sources.notebooks)."""
+    from kb_assets.sources.notebooks import NotebookError, render_notebook
+
+    try:
+        rendered, nb_meta = render_notebook(text)
+    except NotebookError as exc:
+        return Skip(path, "bad-notebook", str(exc))
+    docs = _prose(path, rendered, kind, source, git_dates)
+    if not isinstance(docs, Skip):
+        for doc in docs:
+            doc.meta.update(nb_meta)
     return docs
 
 
