@@ -12,7 +12,7 @@ from kb_assets.pipeline.chunks import ChunkStats, chunk_source
 from kb_assets.pipeline.documents import DocumentStats, sync_documents
 from kb_assets.pipeline.embeddings import EmbedStats, embed_source, remove_orphan_vectors
 from kb_assets.pipeline.progress import Progress, null_progress
-from kb_assets.pipeline.search_index import SearchIndexStats, build_search_index
+from kb_assets.pipeline.search_index import SearchIndexStats, build_search_index, stages_changed
 
 __all__ = [
     "ChunkStats", "DocumentStats", "EmbedStats", "SearchIndexStats", "SourceRun", "build_search_index",
@@ -55,8 +55,7 @@ def index_sources(cfg: KbConfig, conn, *, embedder, signposter=None, source_keys
         chunks = chunk_source(conn, source.key, max_tokens=embedder.max_tokens,
                               count_tokens=embedder.count_tokens, progress=progress)
         emb = run_embeddings_stage(conn, embedder, source.key, batch_rows=cfg.embed_batch_rows, progress=progress)
-        changed = bool(docs.new or docs.changed or docs.deleted or chunks.chunks_written or chunks.chunks_removed
-                       or emb.chunks_embedded or emb.orphans_removed)
+        changed = stages_changed(docs.as_metadata(), chunks.as_metadata(), emb.as_metadata())
         search = build_search_index(conn, embedder.model, embedder.dimension, refresh_query=refresh_query,
                                     index_changed=changed, progress=progress)
         sp = None

@@ -77,11 +77,16 @@ def build_search_index(conn: psycopg.Connection, model: str, dimension: int, *,
     return stats
 
 
-def source_changed_in_last_run(conn: psycopg.Connection, source_key: str) -> bool:
-    """Whether the source's last documents / chunks / embeddings stages changed anything (from the stats
-    they recorded in `sources.last_run_stats`)."""
-    row = conn.execute("SELECT last_run_stats FROM sources WHERE key = %s", (source_key,)).fetchone()
-    last = (row[0] if row else None) or {}
-    d, c, e = last.get("documents", {}), last.get("chunks", {}), last.get("embeddings", {})
+def stages_changed(documents: dict, chunks: dict, embeddings: dict) -> bool:
+    """Whether a run's documents / chunks / embeddings stages (their `as_metadata()` dicts) changed anything."""
+    d, c, e = documents, chunks, embeddings
     return bool(d.get("new") or d.get("changed") or d.get("deleted") or c.get("chunks_written")
                 or c.get("chunks_removed") or e.get("chunks_embedded") or e.get("orphans_removed"))
+
+
+def source_changed_in_last_run(conn: psycopg.Connection, source_key: str) -> bool:
+    """`stages_changed` for the source's last run, from the stats its stages recorded in
+    `sources.last_run_stats` (how the Dagster asset, a separate step, learns it)."""
+    row = conn.execute("SELECT last_run_stats FROM sources WHERE key = %s", (source_key,)).fetchone()
+    last = (row[0] if row else None) or {}
+    return stages_changed(last.get("documents", {}), last.get("chunks", {}), last.get("embeddings", {}))

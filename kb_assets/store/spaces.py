@@ -100,12 +100,3 @@ def activate_space(conn: psycopg.Connection, model: str, dim: int) -> None:
             "UPDATE embedding_spaces SET activated_at = clock_timestamp() WHERE model = %s AND dimension = %s",
             (model, dim),
         )
-
-
-def missing_vectors_count(conn: psycopg.Connection, table: str) -> int:
-    """Distinct active chunk hashes without a vector in `table`."""
-    q = sql.SQL(
-        "SELECT count(DISTINCT c.chunk_hash) FROM chunks c"
-        " WHERE NOT EXISTS (SELECT 1 FROM {t} e WHERE e.chunk_hash = c.chunk_hash)"
-    ).format(t=sql.Identifier(table))
-    return conn.execute(q).fetchone()[0]
