@@ -83,6 +83,8 @@ def read_entry(root: Path, entry: FileEntry, source: SourceConfig,
         return _prose(path, text, kind, source, git_dates)
     except _SkipNow as exc:
         return Skip(path, exc.reason, exc.detail)
+    except OSError as exc:    # read() itself failed (EIO, EINVAL on pseudo files, a vanished mount...)
+        return Skip(path, "unreadable", f"cannot read: {exc.strerror or exc}")
 
 
 # --- reading bytes ----------------------------------------------------------------------------------
