@@ -154,7 +154,7 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
                 result = Skip(entry.path, "read-error", clean_text(f"{type(exc).__name__}: {exc}"[:500]))
             had = stored.get(stored_name, (None, {}))[1]
             if isinstance(result, Skip):
-                result = Skip(stored_name, result.reason, clean_text(result.detail))
+                result = Skip(stored_name, result.reason, _safe_detail(result.detail))
                 stats.skipped += 1
                 batch = writer.add(batch, _skip_row(result, entry.sig))
                 batch.gone.extend(p for p in had if p != result.path)
@@ -179,9 +179,10 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
                 batch = _Batch()
             progress.advance()
         for skip in listing_skips:
-            skip = Skip(name(skip.path), skip.reason, clean_text(escape_surrogates(skip.detail)))
+            skip = Skip(name(skip.path), skip.reason, skip.detail)
             have = stored.get(skip.path)
             if have is None or have[1].get(skip.path, "x") is not None:  # not yet recorded as skipped
+                skip.detail = _safe_detail(skip.detail)
                 stats.skipped += 1
                 batch = writer.add(batch, _skip_row(skip, None))
                 batch.gone.extend(p for p in (have[1] if have else {}) if p != skip.path)
@@ -277,6 +278,13 @@ def _storable(doc: SourceDocument, listed: str, stored_name: str) -> SourceDocum
     doc.text = clean_text(doc.text)
     doc.meta = clean_json_value(doc.meta)
     return doc
+
+
+def _safe_detail(detail: str) -> str:
+    """A skip's reason often quotes the file name or a symlink target: escaped and redacted like names."""
+    from kb_assets.sources.redaction import redact
+
+    return redact(clean_text(escape_surrogates(detail)))[0]
 
 
 def _skip_row(skip: Skip, sig: str | None) -> tuple:
