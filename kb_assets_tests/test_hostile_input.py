@@ -172,13 +172,40 @@ def test_names_are_escaped_redacted_and_kept_apart():
     assert printable("a\nb\tc\x1b") == "a\\nb\\tc\\x1b"
 
 
-def test_plan_and_reader_skip_an_unreadable_file():
-    """A file whose read() fails (here /proc/self/mem at offset 0: EIO) is a skip, not a crash (kb plan read
-    /sys files that way and died on OSError: [Errno 22])."""
+def test_reader_and_plan_skip_a_file_whose_read_fails(tmp_path, conn, monkeypatch):
+    """read() failing (kb plan died on OSError: [Errno 22] from a /sys file) is a skip, not a crash. The
+    failing read is a real one: /proc/self/mem read at offset 0 answers EIO; the listed file's open is
+    pointed at it (/proc itself is never read: see test_roots.py)."""
+    from kb_assets.plan import plan
+    from kb_assets.sources import readers
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    for name in ("a.md", "b.md", "c.md"):
+        (root / name).write_text(f"# {name}\n\n" + PROSE * 2)
+    real_open = readers._open_worktree
+
+    def open_b_as_mem(r, path):
+        return open("/proc/self/mem", "rb") if path == "b.md" else real_open(r, path)
+
+    monkeypatch.setattr(readers, "_open_worktree", open_b_as_mem)
+    cfg = _cfg("postgresql://unused", root)
+    src = cfg.sources[0]
+    from kb_assets.sources.discovery import list_source
+
+    out = {e.path: readers.read_entry(root, e, src) for e in list_source(root, src).files}
+    assert out["b.md"].reason == "unreadable" and "cannot read" in out["b.md"].detail
+    assert isinstance(out["a.md"], list) and isinstance(out["c.md"], list)
+    report = plan(cfg, conn=conn)
+    row = report["sources"][0]
+    assert row["files"] == 3 and row["skipped"] == 1 and row["documents"] == 2
+
+
+def test_proc_files_are_never_read_even_through_the_reader():
     from kb_assets.config import SourceConfig
     from kb_assets.sources.discovery import FileEntry
     from kb_assets.sources.readers import read_entry
 
     src = SourceConfig(key="p", kind="doc", root="/proc/self")
-    out = read_entry(Path("/proc/self"), FileEntry("mem", "0:0"), src)
-    assert out.reason == "unreadable" and "cannot read" in out.detail
+    out = read_entry(Path("/proc/self"), FileEntry("environ", "0:0"), src)
+    assert out.reason == "system-file"

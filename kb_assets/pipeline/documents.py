@@ -89,6 +89,9 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
     # Committed content with a reachable previous commit: only what `git diff` names is looked at.
     # Otherwise (worktree mode, force-push, gc, first run, changed settings) a full listing with cheap
     # signatures.
+    from kb_assets.sources.roots import TooManyFiles, check_root
+
+    check_root(root, source, cfg.config_path)     # before anything is listed or stored
     prev = ensure_source_row(conn, cfg, source)
     changes = discovery.changes_since(root, source, prev) if prev else None
     diff_removed: set[str] = set()
@@ -98,7 +101,10 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
         listing = discovery.list_paths(root, source, touched)
         diff_removed = set(changes.deleted) | {old for old, _ in changes.renamed}
     else:
-        listing = discovery.list_source(root, source)
+        try:
+            listing = discovery.list_source(root, source)
+        except TooManyFiles as exc:
+            raise exc.with_config_path(cfg.config_path) from None
     stats.listed = len(listing.files)
     stats.commit = listing.commit
     stats.complete = listing.complete or changes is not None
