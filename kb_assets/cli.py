@@ -89,6 +89,7 @@ def cmd_index(args) -> int:
     run_config = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
     console = _console(stderr=True)
     failures = []
+    config_failed = False      # a configuration refusal inside a run (max_files...): exit 2, as before a run
     started = time.perf_counter()
     use_bars = sys.stderr.isatty() and not args.quiet
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -105,6 +106,7 @@ def cmd_index(args) -> int:
                                                 raise_on_error=False)
                 if not result.success:
                     failures.append((key, _first_error(result)))
+                    config_failed = config_failed or _failed_on_config(result)
         finally:
             progress_mod.set_current(None)
     elapsed = time.perf_counter() - started
@@ -118,8 +120,26 @@ def cmd_index(args) -> int:
     elif not args.quiet:
         _print_index_summary(_console(), rows, elapsed)
     for key, err in failures:
-        console.print(f"[red]kb index: source {key!r} failed:[/red] {err}")
-    return 1 if failures else 0
+        from rich.markup import escape
+
+        # "sources[notes].max_files" is not markup; a configuration error needs no class name before it
+        err = err.split(": ", 1)[1] if err.startswith(("kb_assets.config.ConfigError: ",
+                                                      "kb_assets.sources.roots.TooManyFiles: ")) else err
+        console.print(f"[red]kb index: source {key!r} failed:[/red] {escape(err)}")
+    return EXIT_CONFIG if config_failed else 1 if failures else 0
+
+
+def _failed_on_config(result) -> bool:
+    """True when a step failed on a ConfigError (e.g. a listing past max_files)."""
+    from kb_assets.sources.roots import config_error_names
+
+    for event in result.all_events:
+        err = getattr(event.event_specific_data, "error", None) if event.is_failure else None
+        while err is not None:
+            if err.cls_name in config_error_names():
+                return True
+            err = getattr(err, "cause", None)
+    return False
 
 
 def _first_error(result) -> str:

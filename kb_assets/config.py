@@ -109,6 +109,10 @@ class SourceConfig(_Strict):
     enabled: bool = True       # memory folders are opt-in: they must be enabled explicitly
     # With kind "doc"/"code" mixed trees (the default source), files are classified per path.
     auto_kind: bool = False
+    # Too-broad roots (/, the home folder, system folders) and listings past max_files are refused unless
+    # allow_broad_root (sources/roots.py); /proc, /sys and /dev are never read.
+    allow_broad_root: bool = False
+    max_files: int = Field(100_000, ge=1)
 
     @field_validator("key")
     @classmethod
@@ -236,6 +240,9 @@ def check_environment(cfg: KbConfig, *, need_sources: bool = True) -> None:
             if not root.is_dir():
                 raise ConfigError(cfg.config_path, f"sources[{s.key}].root", f"{root} is not a folder",
                                   "point root at a folder")
+            from kb_assets.sources.roots import check_root
+
+            check_root(root, s, cfg.config_path)
     if cfg.embedder == "voyage" and not os.environ.get(VOYAGE_KEY_ENV):
         raise ConfigError(cfg.config_path, "embedder", "is 'voyage' but VOYAGE_API_KEY is not set",
                           "export VOYAGE_API_KEY=... or set 'embedder: local'")

@@ -32,6 +32,7 @@ def plan(cfg: KbConfig, conn=None) -> dict:
     from kb_assets.signposts.runner import estimate_signpost_tokens
     from kb_assets.sources.discovery import list_source
     from kb_assets.sources.readers import read_entry
+    from kb_assets.sources.roots import TooManyFiles
 
     embedder = make_embedder(cfg)
     signposter = make_signposter(cfg)
@@ -52,7 +53,10 @@ def plan(cfg: KbConfig, conn=None) -> dict:
         if not source.enabled:
             continue
         root = cfg.source_root(source)
-        listing = list_source(root, source)
+        try:
+            listing = list_source(root, source)
+        except TooManyFiles as exc:
+            raise exc.with_config_path(cfg.config_path) from None
         files = documents = chunks = chunks_to_embed = emb_tokens = 0
         docs_to_signpost = sp_in = sp_out = 0
         skipped = len(listing.skips)

@@ -157,23 +157,51 @@ def _cut_batch(rows: list, *, max_tokens: int, overlap_tokens: int,
         try:
             chunks = chunk_document(doc, max_tokens=max_tokens, overlap_tokens=overlap_tokens,
                                     count_tokens=count_tokens)
+            data = "".join(f"{doc_id}\t{c.ordinal}\t{_copy_field(c.heading)}\t{c.start_line}\t{c.end_line}\t"
+                           f"{c.token_count}\t{c.chunk_hash}\t{_copy_field(c.text)}\n" for c in chunks)
+            encoded = data.encode(encoding)
         except Exception as exc:
             log.exception("chunking %s failed", path)
             out.errors.append((doc_id, path, f"{type(exc).__name__}: {exc}"[:500]))
             continue
-        data = "".join(f"{doc_id}\t{c.ordinal}\t{_copy_field(c.heading)}\t{c.start_line}\t{c.end_line}\t"
-                       f"{c.token_count}\t{c.chunk_hash}\t{_copy_field(c.text)}\n" for c in chunks)
-        out.cut.append((doc_id, content_hash, len(chunks), data.encode(encoding)))
+        out.cut.append((doc_id, content_hash, len(chunks), encoded))
     return out
+
+
+# What one document's chunks can raise when stored (a value the server refuses, e.g. a tsvector over its
+# size limit); anything else (the connection lost) stops the run.
+_ROW_ERRORS = (psycopg.DataError, psycopg.errors.ProgramLimitExceeded, UnicodeError, ValueError)
 
 
 def _store(conn: psycopg.Connection, batch: _Batch, stats: ChunkStats) -> None:
     for doc_id, _path, message in batch.errors:
-        stats.errors += 1
-        conn.execute("UPDATE documents SET meta = meta || jsonb_build_object('chunk_error', %s::text) WHERE id = %s",
-                     (message, doc_id))
-    if batch.cut:
+        _skip_document(conn, doc_id, message, stats)
+    if not batch.cut:
+        return
+    try:
         _swap(conn, batch.cut, stats)
+        return
+    except _ROW_ERRORS as exc:
+        log.warning("storing a batch of chunks failed (%s): storing its documents one by one", exc)
+    for one in batch.cut:     # the batch rolled back as a whole: the others go in without the bad one
+        try:
+            _swap(conn, [one], stats)
+        except _ROW_ERRORS as exc:
+            _skip_document(conn, one[0], f"cannot store its chunks: {type(exc).__name__}: {exc}"[:500], stats)
+
+
+def _skip_document(conn: psycopg.Connection, doc_id: int, message: str, stats: ChunkStats) -> None:
+    """A document that cannot be cut or stored is skipped with the reason (kb status shows it), like a file
+    that cannot be read; the run goes on. Its chunks go (a skipped document has none). The error also stays
+    in meta.chunk_error. A changed file is read again and gets a new try."""
+    stats.errors += 1
+    with conn.transaction():
+        conn.execute("DELETE FROM chunks WHERE document_id = %s", (doc_id,))
+        conn.execute(
+            "UPDATE documents SET status = 'skipped', skip_reason = 'chunk-error', skip_detail = %s,"
+            " content_hash = NULL, chunked_hash = NULL, text = NULL, updated_at = now(),"
+            " meta = meta || jsonb_build_object('chunk_error', %s::text) WHERE id = %s",
+            (message[:1000], message, doc_id))
 
 
 def _swap(conn: psycopg.Connection, cut: list[tuple[int, str, int, bytes]], stats: ChunkStats) -> None:

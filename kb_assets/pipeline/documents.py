@@ -21,6 +21,7 @@ import psycopg
 from kb_assets.config import KbConfig, SourceConfig
 from kb_assets.models import Skip, SourceDocument
 from kb_assets.pipeline.progress import Progress, null_progress
+from kb_assets.sources.safe_names import assign_names, clean_json_value, clean_text, escape_surrogates
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,9 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
     # Committed content with a reachable previous commit: only what `git diff` names is looked at.
     # Otherwise (worktree mode, force-push, gc, first run, changed settings) a full listing with cheap
     # signatures.
+    from kb_assets.sources.roots import TooManyFiles, check_root
+
+    check_root(root, source, cfg.config_path)     # before anything is listed or stored
     prev = ensure_source_row(conn, cfg, source)
     changes = discovery.changes_since(root, source, prev) if prev else None
     diff_removed: set[str] = set()
@@ -97,10 +101,18 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
         listing = discovery.list_paths(root, source, touched)
         diff_removed = set(changes.deleted) | {old for old, _ in changes.renamed}
     else:
-        listing = discovery.list_source(root, source)
+        try:
+            listing = discovery.list_source(root, source)
+        except TooManyFiles as exc:
+            raise exc.with_config_path(cfg.config_path) from None
     stats.listed = len(listing.files)
     stats.commit = listing.commit
     stats.complete = listing.complete or changes is not None
+    # The names files have in the index (undecodable bytes escaped, secrets in names redacted); files are
+    # still read through their listed names.
+    renamed = assign_names([e.path for e in listing.files] + [s.path for s in listing.skips]
+                           + list(diff_removed) + (touched if changes is not None else []))
+    name = (lambda p: renamed.get(p, p)) if renamed else (lambda p: p)
 
     # What we have: file -> (signature, {document path: content hash})
     stored: dict[str, tuple[str | None, dict[str, str | None]]] = {}
@@ -111,13 +123,13 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
         entry = stored.setdefault(f, (sig, {}))
         entry[1][path] = content_hash
     if changes is not None:
-        named = set(touched) | diff_removed
+        named = {name(p) for p in touched} | {name(p) for p in diff_removed}
         stats.unchanged += sum(1 for f, (_, docs) in stored.items() if f not in named
                                for h in docs.values() if h is not None)
 
     to_read = []
     for entry in listing.files:
-        have = stored.get(entry.path)
+        have = stored.get(name(entry.path))
         if have is not None and have[0] == entry.sig:
             stats.unchanged += sum(1 for h in have[1].values() if h is not None)   # skipped rows have no hash
         else:
@@ -137,14 +149,18 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
     batch = _Batch()
     try:
         for entry in to_read:
+            stored_name = name(entry.path)
             try:
                 result = read_entry(root, entry, source, blobs=blobs)
+                if not isinstance(result, Skip):
+                    result = [_storable(doc, entry.path, stored_name) for doc in result]
             except Exception as exc:  # a reader bug must not stop the run: record it, go on
-                log.exception("reading %s failed", entry.path)
+                log.exception("reading %s failed", escape_surrogates(entry.path))
                 stats.read_errors += 1
-                result = Skip(entry.path, "read-error", f"{type(exc).__name__}: {exc}"[:500])
-            had = stored.get(entry.path, (None, {}))[1]
+                result = Skip(entry.path, "read-error", clean_text(f"{type(exc).__name__}: {exc}"[:500]))
+            had = stored.get(stored_name, (None, {}))[1]
             if isinstance(result, Skip):
+                result = Skip(stored_name, result.reason, _safe_detail(result.detail))
                 stats.skipped += 1
                 batch = writer.add(batch, _skip_row(result, entry.sig))
                 batch.gone.extend(p for p in had if p != result.path)
@@ -169,8 +185,10 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
                 batch = _Batch()
             progress.advance()
         for skip in listing_skips:
+            skip = Skip(name(skip.path), skip.reason, skip.detail)
             have = stored.get(skip.path)
             if have is None or have[1].get(skip.path, "x") is not None:  # not yet recorded as skipped
+                skip.detail = _safe_detail(skip.detail)
                 stats.skipped += 1
                 batch = writer.add(batch, _skip_row(skip, None))
                 batch.gone.extend(p for p in (have[1] if have else {}) if p != skip.path)
@@ -185,9 +203,10 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
     progress.done()
 
     if changes is not None:
-        gone = [p for f, (_, docs) in stored.items() if f in diff_removed for p in docs]
+        removed_names = {name(p) for p in diff_removed}
+        gone = [p for f, (_, docs) in stored.items() if f in removed_names for p in docs]
     elif listing.complete:
-        seen = {e.path for e in listing.files} | {s.path for s in listing_skips}
+        seen = {name(e.path) for e in listing.files} | {name(s.path) for s in listing_skips}
         gone = [p for f, (_, docs) in stored.items() if f not in seen for p in docs]
     else:
         gone = []
@@ -247,6 +266,33 @@ _COLUMNS = ("path", "kind", "title", "status", "skip_reason", "skip_detail", "fi
             "text")
 
 
+def _storable(doc: SourceDocument, listed: str, stored_name: str) -> SourceDocument:
+    """The document as the index keeps it: under the file's stored name (a work item keeps its `#id`,
+    escaped and redacted like a name), text and meta without lone surrogates or NUL, the title free of
+    secrets (it is often the file name)."""
+    from kb_assets.sources.redaction import redact
+
+    if doc.path == listed:
+        doc.path = stored_name
+    elif doc.path.startswith(listed + "#"):
+        doc.path = stored_name + redact(escape_surrogates(doc.path[len(listed):]))[0]
+    else:   # a reader that names documents otherwise: make the name storable all the same
+        doc.path = redact(escape_surrogates(doc.path))[0]
+    if stored_name != listed:
+        doc.title = doc.title.replace(listed, stored_name)
+    doc.title = redact(escape_surrogates(doc.title))[0]
+    doc.text = clean_text(doc.text)
+    doc.meta = clean_json_value(doc.meta)
+    return doc
+
+
+def _safe_detail(detail: str) -> str:
+    """A skip's reason often quotes the file name or a symlink target: escaped and redacted like names."""
+    from kb_assets.sources.redaction import redact
+
+    return redact(clean_text(escape_surrogates(detail)))[0]
+
+
 def _skip_row(skip: Skip, sig: str | None) -> tuple:
     return (skip.path, "", "", "skipped", skip.reason, skip.detail[:1000], sig, None, "{}", None)
 
@@ -264,16 +310,47 @@ class _Batch:
     chars: int = 0                                    # length of the texts in rows
 
 
+# What one bad row can raise (a value the server or the client encoding refuses); anything else (the
+# connection lost, a bug) stops the run as before.
+_ROW_ERRORS = (psycopg.DataError, psycopg.errors.ProgramLimitExceeded, UnicodeError, ValueError, TypeError)
+
+
 def write_batch(conn: psycopg.Connection, source_key: str, commit: str | None, batch: _Batch) -> None:
+    """Write a batch in one transaction. When a row makes it fail, the batch is written again one row per
+    transaction and each row that still fails is recorded as a skip (reason write-error) instead: one bad
+    document never costs the others."""
     if not batch.rows and not batch.gone:
         return
+    try:
+        _write(conn, source_key, commit, batch.rows, batch.gone)
+        return
+    except _ROW_ERRORS as exc:
+        if not batch.rows:
+            raise
+        log.warning("writing a batch of %s failed (%s): writing its rows one by one", source_key, exc)
+    _write(conn, source_key, commit, [], batch.gone)
+    for row in batch.rows:
+        try:
+            _write(conn, source_key, commit, [row], [])
+        except _ROW_ERRORS as exc:
+            name = clean_text(escape_surrogates(row[0]))
+            log.warning("document %s of %s cannot be stored: %s", name, source_key, exc)
+            detail = clean_text(escape_surrogates(f"cannot be stored: {type(exc).__name__}: {exc}"))
+            try:
+                _write(conn, source_key, commit, [_skip_row(Skip(name, "write-error", detail), row[6])], [])
+            except _ROW_ERRORS:
+                log.exception("document %s of %s: not even its skip can be stored", name, source_key)
+
+
+def _write(conn: psycopg.Connection, source_key: str, commit: str | None, rows: list[tuple],
+           gone: list[str]) -> None:
     with conn.transaction():
-        if batch.gone:
-            conn.execute("DELETE FROM documents WHERE source_key = %s AND path = ANY(%s)", (source_key, batch.gone))
-        if batch.rows:
+        if gone:
+            conn.execute("DELETE FROM documents WHERE source_key = %s AND path = ANY(%s)", (source_key, gone))
+        if rows:
             params: dict = {"key": source_key, "commit": commit}
             for i, col in enumerate(_COLUMNS):
-                params[col] = [r[i] for r in batch.rows]
+                params[col] = [r[i] for r in rows]
             conn.execute(_UPSERT, params)
 
 

@@ -24,6 +24,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+import psycopg
 from pydantic import ValidationError
 
 from kb_assets.signposts.base import (
@@ -36,10 +37,14 @@ from kb_assets.signposts.base import (
 from kb_assets.signposts.gemini import estimate_signpost_tokens as _estimate
 from kb_assets.signposts.gemini import estimate_tokens_for_length
 from kb_assets.signposts.schema import SCHEMA_VERSION, validate_payload
+from kb_assets.sources.safe_names import clean_json_value
 
 log = logging.getLogger(__name__)
 
 MAX_ERROR_CHARS = 1000
+# What storing one document's signpost can raise (a value PostgreSQL refuses, e.g. a lone surrogate in a
+# model's answer); the connection lost still stops the run.
+_STORE_ERRORS = (psycopg.DataError, UnicodeError, ValueError)
 MAX_ERRORS_IN_STATS = 20
 
 
@@ -146,7 +151,7 @@ def _write_success(conn, signposter, job: _Job, kind: str, result: SignpostResul
                VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s)
                ON CONFLICT (content_hash, generator, model, prompt_version) DO NOTHING""",
             (job.content_hash, signposter.generator, signposter.model, signposter.prompt_version, SCHEMA_VERSION,
-             json.dumps(payload), result.input_tokens, result.output_tokens, float(result.seconds), kind,
+             json.dumps(clean_json_value(payload)), result.input_tokens, result.output_tokens, float(result.seconds), kind,
              result.model_used or signposter.model, max(1, result.segments)))
         _point_state(conn, signposter, job.content_hash, job.document_ids)
 
@@ -311,10 +316,19 @@ def run_signposts(conn, source_key: str, signposter, *, max_failures: int = 3, c
                         _write_failure(conn, signposter, job, error, attempts, max_failures)
                     else:
                         account(result.calls, result.rate_limited, result.input_tokens, result.output_tokens)
-                        _write_success(conn, signposter, job, kind, result, payload)
-                        stats.generated += len(job.document_ids)
-                        if not result.rate_limited:
-                            limiter.on_success()
+                        try:
+                            _write_success(conn, signposter, job, kind, result, payload)
+                        except _STORE_ERRORS as exc:  # a payload the database refuses: this document fails
+                            error = _readable(exc)
+                            stats.failed += len(job.document_ids)
+                            if len(stats.errors) < MAX_ERRORS_IN_STATS:
+                                stats.errors.append(f"{job.paths[0]}: {error}")
+                            log.warning("signpost for %s cannot be stored: %s", job.paths[0], error)
+                            _write_failure(conn, signposter, job, error, 1, max_failures)
+                        else:
+                            stats.generated += len(job.document_ids)
+                            if not result.rate_limited:
+                                limiter.on_success()
                     if on_progress is not None:
                         try:
                             on_progress(done, total)

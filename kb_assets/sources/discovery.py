@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 from kb_assets.models import Skip
 from kb_assets.sources import classify
 from kb_assets.sources.globs import GlobSet
+from kb_assets.sources.roots import TooManyFiles, check_root, is_never_read, max_files_for
 from kb_assets.sources.gitutil import (
     GitError, commit_exists, head_commit as _head_commit, root_is_ignored, run_git, work_tree_top, z_split,
     cat_blobs, iter_log_names,
@@ -116,6 +117,15 @@ class _Collector:
         self.files: list[FileEntry] = []
         self.skips: dict[str, Skip] = {}
         self.complete = True
+        self.max_files = max_files_for(source)
+        # Only a root that contains them can reach /proc, /sys or /dev (the walk follows no symlink).
+        self.guard_pseudo = self._realroot_str == "/" or any(p.startswith(self._realroot_prefix)
+                                                             for p in ("/proc/", "/sys/", "/dev/"))
+
+    def add(self, entry: FileEntry) -> None:
+        self.files.append(entry)
+        if self.max_files is not None and len(self.files) > self.max_files:
+            raise TooManyFiles(self.source, self.max_files)
 
     def skip(self, s: Skip) -> None:
         self.skips.setdefault(s.path, s)
@@ -164,6 +174,9 @@ class _Collector:
         if not (real == self._realroot_str or real.startswith(self._realroot_prefix)):   # _inside, on strings
             self.skip(Skip(path, "symlink-outside-root", f"resolves to {real}, outside the source root"))
             return
+        if self.guard_pseudo and is_never_read(real):
+            self.skip(Skip(path, "system-file", f"{real}: /proc, /sys and /dev are never read"))
+            return
         try:
             st = os.stat(real)
         except OSError as exc:
@@ -179,7 +192,7 @@ class _Collector:
             return
         if not self.size_ok(path, st.st_size, kind):
             return
-        self.files.append(FileEntry(path, f"{st.st_size}:{st.st_mtime_ns}"))
+        self.add(FileEntry(path, f"{st.st_size}:{st.st_mtime_ns}"))
 
     def listing(self, commit: str | None) -> Listing:
         files = sorted(self.files, key=lambda e: e.path)
@@ -205,6 +218,7 @@ def list_source(root: Path, source: SourceConfig) -> Listing:
         return Listing([], [Skip(".", "disabled", why)], None, False)
     if not root.is_dir():
         return Listing([], [Skip(".", "unreadable", f"source root {root} is not a folder")], None, False)
+    check_root(root, source)     # never list / or the home folder by accident (kb.yaml says it first)
     col = _Collector(root, source)
     if _git_mode(root):
         try:
@@ -284,7 +298,7 @@ def _list_head(col: _Collector, commit: str, only: list[str] | None) -> None:
             continue
         if not col.size_ok(path, size, kind):
             continue
-        col.files.append(FileEntry(path, sha))
+        col.add(FileEntry(path, sha))
 
 
 def _resolve_tree_link(path: str, target: str, blobs: dict[str, tuple[str, str, int]],
@@ -341,6 +355,8 @@ def _walk(col: _Collector) -> None:
             full = os.path.join(dirpath, d)
             if d in classify.CACHE_DIRS or col.globs.dir_excluded(rel):
                 continue
+            if col.guard_pseudo and is_never_read(os.path.realpath(full)):
+                continue      # /proc, /sys, /dev: never entered, not even listed as skipped
             if os.path.islink(full):
                 # Not followed (a folder symlink is either outside the root or a duplicate inside it).
                 if col.globs.included(rel + "/x") or not col.source.include:

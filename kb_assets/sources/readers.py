@@ -36,6 +36,7 @@ from kb_assets.sources.decisions import is_pep, parse_adr, parse_pep
 from kb_assets.sources.discovery import FileEntry, effective_max_bytes, source_enabled
 from kb_assets.sources.gitutil import BlobReader, GitError, git_env, is_sha, read_blob
 from kb_assets.sources.redaction import config_style_for, merge_counts, redact
+from kb_assets.sources.roots import is_never_read
 from kb_assets.sources.sections import render_sections
 from kb_assets.sources.textutil import (
     as_list, date_from_name, first_title, normalize_date, split_front_matter, title_from_path,
@@ -83,6 +84,8 @@ def read_entry(root: Path, entry: FileEntry, source: SourceConfig,
         return _prose(path, text, kind, source, git_dates)
     except _SkipNow as exc:
         return Skip(path, exc.reason, exc.detail)
+    except OSError as exc:    # read() itself failed (EIO, EINVAL on pseudo files, a vanished mount...)
+        return Skip(path, "unreadable", f"cannot read: {exc.strerror or exc}")
 
 
 # --- reading bytes ----------------------------------------------------------------------------------
@@ -114,7 +117,7 @@ def _open_worktree_fast(root: Path, full: str) -> IO[bytes] | None:
         real = os.readlink(_PROC_FD + str(fd))
         realroot = os.path.realpath(root)
         if (real == realroot or real.startswith(realroot.rstrip(os.sep) + os.sep)) \
-                and stat.S_ISREG(os.fstat(fd).st_mode):
+                and not is_never_read(real) and stat.S_ISREG(os.fstat(fd).st_mode):
             return os.fdopen(fd, "rb")
     except OSError:
         pass
@@ -132,6 +135,8 @@ def _open_worktree_checked(root: Path, full: str) -> IO[bytes]:
     realroot = os.path.realpath(root)
     if not (real == realroot or real.startswith(realroot.rstrip(os.sep) + os.sep)):
         raise _SkipNow("symlink-outside-root", f"resolves to {real}, outside the source root")
+    if is_never_read(real):
+        raise _SkipNow("system-file", f"{real}: /proc, /sys and /dev are never read")
     try:
         fd = os.open(real, _OPEN_FLAGS)
     except OSError as exc:

@@ -73,6 +73,8 @@ class Rule:
     # A cheap pattern every match contains (untriggered rules without a literal prefix): a text where it
     # finds nothing is not scanned with the rule's own, slower pattern.
     gate: re.Pattern[str] | None = None
+    # With boundary: only a letter or digit on the left disqualifies (names such as deploy-dapi…, x_ghp_…).
+    left_alnum: bool = False
 
 
 # --- helpers ---------------------------------------------------------------------------------------
@@ -217,6 +219,7 @@ def _detect_secrets_rules() -> list[Rule]:
 
 _E = r"(?![A-Za-z0-9_\-])"       # token end: not followed by more token characters
 _TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 
 _SECRET_WORDS = ("secret", "token", "key", "pass", "pwd", "credential", "auth")
 EXTRA_RULES: list[Rule] = [
@@ -294,9 +297,21 @@ _KEYWORD_TRIGGERS = ("key", "pass", "pwd", "secret", "contrase")
 _B64_QUOTED_RE = re.compile(r"""(['"])([A-Za-z0-9+/=]{20,})\1""")
 
 
+def _plugin_rules() -> list[Rule]:
+    """Rules from our own detect-secrets plugins (secret_plugins.py: the families that leaked)."""
+    from kb_assets.sources.secret_plugins import PLUGINS
+
+    rules = []
+    for cls in PLUGINS:
+        for rx in cls.denylist:
+            rules.append(Rule(cls.kb_slug, rx, cls.kb_group, cls.kb_validator, priority=cls.kb_priority,
+                              triggers=cls.kb_triggers, ci=cls.kb_ci, boundary=cls.kb_boundary, left_alnum=True))
+    return rules
+
+
 @lru_cache(maxsize=1)
 def _rules() -> tuple[Rule, ...]:
-    return tuple(_detect_secrets_rules() + EXTRA_RULES)
+    return tuple(_detect_secrets_rules() + EXTRA_RULES + _plugin_rules())
 
 
 @lru_cache(maxsize=1)
@@ -549,7 +564,7 @@ def find_secrets(text: str, *, config_style: bool = False) -> list[tuple[int, in
     lines = _Lines(text)
 
     def take(rule: Rule, m: re.Match[str], base: int, hay: str) -> None:
-        if rule.boundary and m.start() > 0 and hay[m.start() - 1] in _TOKEN_CHARS:
+        if rule.boundary and m.start() > 0 and hay[m.start() - 1] in (_ALNUM if rule.left_alnum else _TOKEN_CHARS):
             return
         s, e = _trim(hay, *_group_span(m, rule.group))
         if e - s < 4 or _filler(hay[s:e]):

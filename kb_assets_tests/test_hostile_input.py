@@ -1,0 +1,211 @@
+"""Hostile input (issue 12 §1): one bad file or transcript line never fails its source — it is indexed under
+an escaped name or skipped with a reason `kb status` shows, and the rest of the source is indexed."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from kb_assets.config import parse_config
+from kb_assets.embedding import FixedCostEmbedder
+from kb_assets.models import SourceDocument
+from kb_assets.pipeline import chunk_source, index_sources, sync_documents
+from kb_assets.pipeline import chunks as chunks_mod
+from kb_assets.pipeline import documents as documents_mod
+from kb_assets.signposts.extractive import ExtractiveSignposter
+from kb_assets.sources.safe_names import assign_names, clean_text, escape_surrogates, printable
+
+PROSE = ("The ingestion service keeps its work queue in PostgreSQL and takes batches with skip locked, so two "
+         "workers never embed the same chunk twice; the retry delay grows after each failure.\n")
+
+
+def _cfg(db_url: str, root: Path, **source) -> object:
+    src = {"key": "notes", "kind": "doc", "root": str(root), "include": ["**/*.md"], **source}
+    return parse_config({"database_url": db_url, "sources": [src]}, path="kb.yaml", base_dir=str(root))
+
+
+def _emb():
+    return FixedCostEmbedder(0.0, dimension=8)
+
+
+def _docs(conn, key="notes") -> dict[str, tuple]:
+    return {r[0]: r[1:] for r in conn.execute(
+        "SELECT path, status, skip_reason, skip_detail, text FROM documents WHERE source_key = %s", (key,))}
+
+
+def test_non_utf8_file_name_is_indexed_under_an_escaped_name(tmp_path, db_url, conn):
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "good.md").write_text("# Good\n\n" + PROSE * 2)
+    bad = os.path.join(os.fsencode(root), b"caf\xe9.md")
+    with open(bad, "wb") as fh:
+        fh.write(("# Cafe notes\n\n" + PROSE * 2).encode())
+    cfg = _cfg(db_url, root)
+    runs = index_sources(cfg, conn, embedder=_emb(), signposter=ExtractiveSignposter())
+    docs = _docs(conn)
+    assert set(docs) == {"good.md", "caf\\xe9.md"}, docs
+    assert docs["caf\\xe9.md"][0] == "active" and "skip locked" in docs["caf\\xe9.md"][3]
+    assert runs["notes"].documents.new == 2 and runs["notes"].embeddings.missing_after == 0
+    signposted = conn.execute("SELECT count(*) FROM signpost_state").fetchone()[0]
+    assert signposted == 2
+    # a second run finds it unchanged (the escaped name maps back to the same listed file)
+    again = sync_documents(conn, cfg, cfg.sources[0])
+    assert again.unchanged == 2 and again.new == again.changed == again.deleted == 0
+    # and once it is gone, it is pruned under its escaped name
+    os.unlink(bad)
+    gone = sync_documents(conn, cfg, cfg.sources[0])
+    assert gone.deleted == 1 and set(_docs(conn)) == {"good.md"}
+
+
+def test_non_utf8_name_in_git_head_mode(tmp_path, db_url, conn):
+    import subprocess
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "good.md").write_text("# Good\n\n" + PROSE * 2)
+    with open(os.path.join(os.fsencode(root), b"na\xefve.md"), "wb") as fh:
+        fh.write(("# Naive\n\n" + PROSE * 2).encode())
+    git = ["git", "-c", "user.email=t@e", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    subprocess.run([*git, "add", "."], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], cwd=root, check=True)
+    cfg = _cfg(db_url, root, content="HEAD")
+    stats = sync_documents(conn, cfg, cfg.sources[0])
+    assert stats.new == 2 and set(_docs(conn)) == {"good.md", "na\\xefve.md"}
+    # a commit that deletes it: the git-diff listing prunes it under its stored name
+    subprocess.run([*git, "rm", "-q", "--", os.fsdecode(b"na\xefve.md")], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-qm", "two"], cwd=root, check=True)
+    stats = sync_documents(conn, cfg, cfg.sources[0])
+    assert stats.listing_mode == "git-diff" and stats.deleted == 1 and set(_docs(conn)) == {"good.md"}
+
+
+def _transcript_line(role: str, text: str, n: int) -> str:
+    return json.dumps({"type": role, "sessionId": "s1", "timestamp": f"2026-01-01T00:00:0{n}Z",
+                       "message": {"role": role, "content": text}})
+
+
+def test_lone_surrogate_in_a_transcript_line_does_not_fail_the_source(tmp_path, db_url, conn):
+    root = tmp_path / "sessions"
+    root.mkdir()
+    lines = [_transcript_line("user", "How do the workers take batches from the queue?", 1),
+             # json.dumps writes the lone surrogate as the escape "\ud800", exactly as a broken client does
+             _transcript_line("assistant", "They use skip locked \ud800 so that no chunk is embedded twice. "
+                              + PROSE, 2)]
+    assert "\\ud800" in lines[1]
+    (root / "s1.jsonl").write_text("\n".join(lines) + "\n")
+    (root / "s2.jsonl").write_text("\n".join([_transcript_line("user", "What grows after each failure?", 1),
+                                              _transcript_line("assistant", PROSE * 2, 2)]) + "\n")
+    cfg = parse_config({"database_url": db_url, "sources": [
+        {"key": "sessions", "kind": "transcript", "root": str(root), "include": ["*.jsonl"]}]},
+        path="kb.yaml", base_dir=str(root))
+    runs = index_sources(cfg, conn, embedder=_emb(), signposter=ExtractiveSignposter())
+    docs = _docs(conn, "sessions")
+    assert {p: d[0] for p, d in docs.items()} == {"s1.jsonl": "active", "s2.jsonl": "active"}
+    assert "skip locked \ufffd so that" in docs["s1.jsonl"][3]
+    assert runs["sessions"].embeddings.missing_after == 0
+
+
+def test_a_row_the_database_refuses_is_skipped_and_the_batch_is_written(tmp_path, db_url, conn, monkeypatch):
+    """A document whose row the server refuses (here: meta that jsonb cannot hold) costs only itself."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    for i in range(5):
+        (root / f"note-{i}.md").write_text(f"# Note {i}\n\n" + PROSE * 2)
+    real = documents_mod._doc_row
+
+    def bad_meta(doc, content_hash, sig):
+        row = real(doc, content_hash, sig)
+        if doc.path == "note-2.md":       # a JSON escape PostgreSQL rejects (a bug upstream would do this)
+            row = row[:8] + ('{"x": "\\ud800"}',) + row[9:]
+        return row
+
+    monkeypatch.setattr(documents_mod, "_doc_row", bad_meta)
+    cfg = _cfg(db_url, root)
+    sync_documents(conn, cfg, cfg.sources[0])
+    docs = _docs(conn)
+    assert sorted(p for p, d in docs.items() if d[0] == "active") == [f"note-{i}.md" for i in (0, 1, 3, 4)]
+    assert docs["note-2.md"][:2] == ("skipped", "write-error") and "cannot be stored" in docs["note-2.md"][2]
+
+
+def test_a_document_whose_chunks_cannot_be_stored_is_skipped(tmp_path, db_url, conn, monkeypatch):
+    root = tmp_path / "repo"
+    root.mkdir()
+    for i in range(4):
+        (root / f"note-{i}.md").write_text(f"# Note {i}\n\n" + PROSE * 2)
+    cfg = _cfg(db_url, root)
+    sync_documents(conn, cfg, cfg.sources[0])
+    real = chunks_mod._cut_batch
+
+    def poisoned(rows, **kw):
+        out = real(rows, **kw)
+        # note-1's COPY data carries a byte sequence the server refuses (invalid UTF-8)
+        bad_id = conn.execute("SELECT id FROM documents WHERE path = 'note-1.md'").fetchone()[0]
+        out.cut = [c if c[0] != bad_id else (c[0], c[1], c[2], c[3] + b"\xff\xfe\n") for c in out.cut]
+        return out
+
+    monkeypatch.setattr(chunks_mod, "_cut_batch", poisoned)
+    emb = _emb()
+    stats = chunk_source(conn, "notes", max_tokens=emb.max_tokens, count_tokens=emb.count_tokens)
+    assert stats.errors == 1 and stats.documents_chunked == 3
+    docs = _docs(conn)
+    assert docs["note-1.md"][:2] == ("skipped", "chunk-error")
+    n = conn.execute("SELECT count(DISTINCT document_id) FROM chunks").fetchone()[0]
+    assert n == 3
+
+
+def test_names_are_escaped_redacted_and_kept_apart():
+    tok = "ghp_" + "aB3dE5gH7jK9mN1pQ3sT5vW7yZ9bC1dE3fG5"
+    raw = ["caf\udce9.md", f"keys/{tok}.md", f"keys/other-{tok}.md", "plain.md", "odd\ud800.md"]
+    names = assign_names(raw)
+    assert names["caf\udce9.md"] == "caf\\xe9.md" and names["odd\ud800.md"] == "odd\\ud800.md"
+    assert names[f"keys/{tok}.md"] == "keys/[REDACTED:github-token].md"
+    assert names[f"keys/other-{tok}.md"] == "keys/other-[REDACTED:github-token].md"
+    assert "plain.md" not in names
+    # two files whose stored names coincide are kept apart
+    tok2 = "ghp_" + "Zy9Xw8Vu7Ts6Rq5Po4Nm3Lk2Ji1Hg0Fe9Dc8B"
+    both = assign_names([f"{tok}.md", f"{tok2}.md"])
+    assert sorted(both.values()) == ["[REDACTED:github-token].md", "[REDACTED:github-token].md~2"]
+    assert escape_surrogates("x") == "x" and clean_text("a\ud800b\x00") == "a\ufffdb"
+    assert printable("a\nb\tc\x1b") == "a\\nb\\tc\\x1b"
+
+
+def test_reader_and_plan_skip_a_file_whose_read_fails(tmp_path, conn, monkeypatch):
+    """read() failing (kb plan died on OSError: [Errno 22] from a /sys file) is a skip, not a crash. The
+    failing read is a real one: /proc/self/mem read at offset 0 answers EIO; the listed file's open is
+    pointed at it (/proc itself is never read: see test_roots.py)."""
+    from kb_assets.plan import plan
+    from kb_assets.sources import readers
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    for name in ("a.md", "b.md", "c.md"):
+        (root / name).write_text(f"# {name}\n\n" + PROSE * 2)
+    real_open = readers._open_worktree
+
+    def open_b_as_mem(r, path):
+        return open("/proc/self/mem", "rb") if path == "b.md" else real_open(r, path)
+
+    monkeypatch.setattr(readers, "_open_worktree", open_b_as_mem)
+    cfg = _cfg("postgresql://unused", root)
+    src = cfg.sources[0]
+    from kb_assets.sources.discovery import list_source
+
+    out = {e.path: readers.read_entry(root, e, src) for e in list_source(root, src).files}
+    assert out["b.md"].reason == "unreadable" and "cannot read" in out["b.md"].detail
+    assert isinstance(out["a.md"], list) and isinstance(out["c.md"], list)
+    report = plan(cfg, conn=conn)
+    row = report["sources"][0]
+    assert row["files"] == 3 and row["skipped"] == 1 and row["documents"] == 2
+
+
+def test_proc_files_are_never_read_even_through_the_reader():
+    from kb_assets.config import SourceConfig
+    from kb_assets.sources.discovery import FileEntry
+    from kb_assets.sources.readers import read_entry
+
+    src = SourceConfig(key="p", kind="doc", root="/proc/self")
+    out = read_entry(Path("/proc/self"), FileEntry("environ", "0:0"), src)
+    assert out.reason == "system-file"
