@@ -140,7 +140,6 @@ def test_document_and_status(served, tokens):
     ("/api/v1/recall?q=x&limit=-1", "limit"),
     ("/api/v1/recall?q=x&q=", "q"),
     ("/api/v1/recall?q=x&format=xml", "format"),
-    ("/api/v1/documents/not-an-id", "doc_id"),
 ])
 def test_bad_input_is_400_naming_the_parameter(served, tokens, path, param):
     r = get(served[0], path, tokens["good"])
@@ -149,9 +148,11 @@ def test_bad_input_is_400_naming_the_parameter(served, tokens, path, param):
     assert msg.startswith(param) and "\n" not in msg and "Traceback" not in msg, msg
 
 
-def test_unknown_document_is_404(served, tokens):
+def test_unknown_or_malformed_document_is_404(served, tokens):
     r = get(served[0], "/api/v1/documents/kb:decisions/adr/9999-nothing.md", tokens["good"])
     assert r.status_code == 404 and "no document kb:decisions/adr/9999-nothing.md" in r.json()["error"]
+    r = get(served[0], "/api/v1/documents/not-an-id", tokens["good"])
+    assert r.status_code == 404 and r.json()["error"].startswith("doc_id: not a kb id")
 
 
 def test_rate_limit_429_with_retry_after_then_served_again(served):

@@ -13,12 +13,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import date
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
-from fastapi.exceptions import HTTPException, RequestValidationError
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, Security
+from fastapi.security import HTTPBearer
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException  # the router's own 404 / 405 too, not only FastAPI's subclass
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from kb_assets.models import DOCUMENT_KINDS
 
@@ -30,6 +32,15 @@ MAX_QUERY_CHARS = 2000
 MAX_QUERIES = 10
 COOKIE_NAME = "kb_token"
 KNOWN_FILTERS = ("source", "kind", "tag", "path_prefix", "date_range")
+Kind = Literal[DOCUMENT_KINDS]  # type: ignore[valid-type]
+# The schema says what the handlers accept, so generated clients (and schemathesis) know it too.
+QUERY_PATTERN = r"^[^\x00]*\S[^\x00]*$"          # something besides spaces; no NUL (PostgreSQL refuses it)
+_DAY = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
+DATE_RANGE_PATTERN = rf"^({_DAY})?:({_DAY})?$"
+NO_NUL_PATTERN = r"^[^\x00]*$"
+SafeText = Annotated[str, StringConstraints(max_length=MAX_QUERY_CHARS, pattern=NO_NUL_PATTERN)]
+_PATTERN_HINTS = {NO_NUL_PATTERN: "contains a NUL character", QUERY_PATTERN: "empty, blank, or contains a NUL character",
+                  DATE_RANGE_PATTERN: "is not FROM:TO (YYYY-MM-DD:YYYY-MM-DD; either side may be empty)"}
 
 
 class ApiError(Exception):
@@ -121,7 +132,11 @@ def authenticate(request: Request, token: str | None) -> str:
     return verdict.name or ""
 
 
-def require_token(request: Request) -> str:
+_bearer_scheme = HTTPBearer(auto_error=False, description="a token from `kb token create NAME`")
+
+
+def require_token(request: Request, _doc=Security(_bearer_scheme)) -> str:
+    # _doc only declares the scheme in the OpenAPI spec; the header is read (and judged) here
     return authenticate(request, bearer_token(request))
 
 
@@ -139,10 +154,8 @@ def check_filters(request: Request) -> None:
 
 
 def _split(values: list[str] | None) -> list[str] | None:
-    """Repeated parameters and comma-separated lists both work: filter[kind]=adr,doc."""
-    if not values:
-        return None
-    out = [v.strip() for item in values for v in item.split(",") if v.strip()]
+    """Several values: repeat the parameter (filter[kind]=adr&filter[kind]=doc)."""
+    out = [v.strip() for v in values or [] if v.strip()]
     return out or None
 
 
@@ -175,8 +188,6 @@ def parse_date_range(value: str | None) -> tuple[date | None, date | None]:
         until = date.fromisoformat(b) if b else None
     except ValueError:
         raise _param_error(name, f"{value!r}: dates must be YYYY-MM-DD") from None
-    if since is None and until is None:
-        raise _param_error(name, "give at least one of FROM and TO")
     if since and until and since > until:
         raise _param_error(name, f"FROM {since} is after TO {until}")
     return since, until
@@ -214,12 +225,12 @@ def parse_filters(request: Request, source, kind, tag, path_prefix, date_range) 
 
 
 # Shared query parameter declarations (documented in the OpenAPI spec under their bracketed names).
-def _filter_params(source: list[str] | None = Query(None, alias="filter[source]", description="source key(s)"),
-                   kind: list[str] | None = Query(None, alias="filter[kind]", description="document kind(s)"),
-                   tag: list[str] | None = Query(None, alias="filter[tag]", description="tag(s)"),
-                   path_prefix: str | None = Query(None, alias="filter[path_prefix]",
+def _filter_params(source: list[SafeText] | None = Query(None, alias="filter[source]", description="source key(s)"),
+                   kind: list[Kind] | None = Query(None, alias="filter[kind]", description="document kind(s)"),
+                   tag: list[SafeText] | None = Query(None, alias="filter[tag]", description="tag(s)"),
+                   path_prefix: SafeText | None = Query(None, alias="filter[path_prefix]",
                                                    description="only paths starting with this"),
-                   date_range: str | None = Query(None, alias="filter[date_range]",
+                   date_range: str | None = Query(None, alias="filter[date_range]", pattern=DATE_RANGE_PATTERN,
                                                   description="FROM:TO, YYYY-MM-DD, either side may be empty"),
                    ) -> tuple:
     return source, kind, tag, path_prefix, date_range
@@ -321,7 +332,8 @@ api = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token)])
 
 @api.get("/knowledge/search", response_model=SearchResponse, responses=_err(400, 401, 429),
          summary="Ranked passages with citations and links")
-def knowledge_search(request: Request, q: str = Query(..., description="the question"),
+def knowledge_search(request: Request, q: str = Query(..., description="the question", min_length=1,
+                                                      max_length=MAX_QUERY_CHARS, pattern=QUERY_PATTERN),
                      top_k: int = Query(10, ge=1, le=100), filters: tuple = Depends(_filter_params)):
     from kb_assets.serving import views
 
@@ -338,7 +350,9 @@ def knowledge_search(request: Request, q: str = Query(..., description="the ques
              {"$ref": "#/components/schemas/RecallResponse"}, {"$ref": "#/components/schemas/RecallTextResponse"}]}}},
              "description": "exactly `kb recall --json` (format=text: {\"text\": the `kb recall` text})"}},
          summary="Signposts for one or several queries: the JSON of `kb recall --json`")
-def recall_route(request: Request, q: list[str] = Query(..., description="query; repeat for several"),
+def recall_route(request: Request, q: list[Annotated[str, StringConstraints(
+                     min_length=1, max_length=MAX_QUERY_CHARS, pattern=QUERY_PATTERN)]] = Query(
+                     ..., description="query; repeat for several", min_length=1, max_length=MAX_QUERIES),
                  limit: int | None = Query(None, ge=0, le=200), code_limit: int | None = Query(None, ge=0, le=200),
                  passage: bool = Query(False, description="add each record's best passage"),
                  format: str = Query("json", pattern="^(json|text)$"),
@@ -360,11 +374,13 @@ def recall_route(request: Request, q: list[str] = Query(..., description="query;
 def document_route(request: Request, doc_id: str):
     from kb_assets.query import QueryError, parse_id, show
 
-    _clean_text("doc_id", doc_id)
+    # A malformed id names no document either: 404, like an unknown one (the message says what ids look like).
+    if "\x00" in doc_id or len(doc_id) > 4096:
+        raise ApiError("doc_id: not a kb id", 404)
     try:
         parse_id(doc_id)
     except QueryError as exc:
-        raise ApiError(f"doc_id: {exc}") from None
+        raise ApiError(f"doc_id: {exc}", 404) from None
     st: ServeState = request.app.state.kb
     with st.connection() as conn:
         try:
@@ -411,8 +427,11 @@ def build_app(state: ServeState) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
         err = exc.errors()[0] if exc.errors() else {"loc": ("?",), "msg": "invalid"}
-        loc = [str(x) for x in err.get("loc", ()) if x not in ("query", "path", "body")]
-        return json_response({"error": f"{'.'.join(loc) or 'request'}: {err.get('msg', 'invalid')}"}, 400)
+        loc = [str(x) for x in err.get("loc", ()) if x not in ("query", "path", "body") and not isinstance(x, int)]
+        msg = err.get("msg", "invalid")
+        if err.get("type") == "string_pattern_mismatch":
+            msg = _PATTERN_HINTS.get((err.get("ctx") or {}).get("pattern"), msg)
+        return json_response({"error": f"{'.'.join(loc) or 'request'}: {msg}"}, 400)
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException):
