@@ -263,3 +263,33 @@ def test_token_verbs_store_only_a_hash(served, capsys, monkeypatch, tmp_path):
     assert main(["token", "revoke", "ci-bot", "--config", str(cfg)]) == 1
     assert main(["token", "create", "x", "--rate", "lots", "--config", str(cfg)]) == 1
     assert "60/min" in capsys.readouterr().err
+
+
+def test_optional_mounts_mcp_behind_bearer_and_webhooks_without(served, tokens, monkeypatch):
+    """The merge points: kb_assets.serving.mcp (branch mcp) and kb_assets.serving.webhooks (branch ops),
+    stood in for by small modules with the agreed shapes."""
+    import sys
+    import types
+
+    from starlette.responses import JSONResponse as SJSON
+    from starlette.routing import Route
+
+    async def mcp_asgi(scope, receive, send):
+        await SJSON({"mcp": True, "path": scope["path"]})(scope, receive, send)
+
+    async def hook(request):
+        return SJSON({"hook": "ok"})
+
+    mcp_mod = types.ModuleType("kb_assets.serving.mcp")
+    mcp_mod.build_mcp_asgi = lambda cfg: mcp_asgi
+    hooks_mod = types.ModuleType("kb_assets.serving.webhooks")
+    hooks_mod.routes = [Route("/hooks/git", hook, methods=["POST"])]
+    monkeypatch.setitem(sys.modules, "kb_assets.serving.mcp", mcp_mod)
+    monkeypatch.setitem(sys.modules, "kb_assets.serving.webhooks", hooks_mod)
+    with running_server(KbConfig(), served[3], ToyEmbedder()) as (srv, _):
+        assert httpx.post(srv.url + "/mcp/", json={}).status_code == 401
+        assert httpx.post(srv.url + "/mcp/", json={}, headers={"Authorization": "Bearer " + tokens["revoked"]}
+                          ).status_code == 401
+        r = httpx.post(srv.url + "/mcp/", json={}, headers={"Authorization": "Bearer " + tokens["good"]})
+        assert r.status_code == 200 and r.json()["mcp"] is True
+        assert httpx.post(srv.url + "/hooks/git", json={}).json() == {"hook": "ok"}   # its own auth, not ours
