@@ -412,6 +412,7 @@ def build_app(state: ServeState) -> FastAPI:
             yield
         with contextlib.suppress(Exception):
             state.pool.close()
+        log.info("stopped: requests in flight finished, database connections closed")
 
     app = FastAPI(title="kb", version=API_VERSION, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None,

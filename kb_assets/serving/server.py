@@ -33,7 +33,7 @@ def configure_logging() -> None:
         lg.setLevel(logging.INFO)
         lg.propagate = False
     other = logging.StreamHandler(sys.stderr)
-    other.setFormatter(logging.Formatter("kb serve: %(levelname)s %(message)s"))
+    other.setFormatter(logging.Formatter("kb serve: %(message)s"))
     lg = logging.getLogger("kb.serve")
     lg.handlers[:] = [other]
     lg.setLevel(logging.INFO)
@@ -56,5 +56,6 @@ def serve(cfg, *, host: str, port: int, no_auth: bool = False, log_query_text: b
     mode = "WITHOUT AUTHENTICATION (--no-auth, loopback only)" if no_auth else "bearer tokens required"
     print(f"kb serve: listening on http://{host}:{port} — {mode}; /knowledge for people, /api/v1 for "
           f"scripts, /openapi.json; Ctrl-C stops", file=sys.stderr, flush=True)
+    # uvicorn finishes the requests in flight (up to 10 s), runs the lifespan shutdown (pool closed), then
+    # re-raises SIGTERM/SIGINT so the exit status says how the process ended.
     server.run()
-    print("kb serve: stopped", file=sys.stderr, flush=True)
