@@ -482,14 +482,19 @@ def build_app(state: ServeState) -> FastAPI:
 # The lead connects these at merge: kb_assets/serving/mcp.py (branch mcp) and kb_assets/serving/webhooks.py
 # (branch ops). Each is mounted only when its module exists, so this app runs with or without them.
 def mount_mcp(app: FastAPI) -> bool:
-    """Mount the MCP streamable-HTTP app at /mcp behind the same bearer auth, if kb_assets.serving.mcp exists.
+    """Serve MCP over streamable HTTP at /mcp behind the same bearer auth and rate limit, if
+    kb_assets.serving.mcp exists.
 
-    Looks for `build_mcp_asgi(cfg)` (an ASGI app) or `build_mcp_server(...)` (a FastMCP-like object with
-    `streamable_http_app()` and `session_manager`)."""
+    Looks for `build_mcp_asgi(cfg)` (an ASGI app that serves the path /mcp) or `build_mcp_server(cfg)` /
+    `build_mcp_server()` (the SDK's FastMCP: its `streamable_http_app()` serves /mcp, and its
+    `session_manager.run()` joins this app's lifespan). The request reaches it with its path unchanged (a
+    Route, not a Mount), so POST /mcp is answered without a redirect to /mcp/."""
     try:
         from kb_assets.serving import mcp as mcp_mod   # type: ignore[attr-defined]
     except ImportError:
         return False
+    from starlette.routing import Route
+
     st: ServeState = app.state.kb
     asgi = None
     if hasattr(mcp_mod, "build_mcp_asgi"):
@@ -499,16 +504,15 @@ def mount_mcp(app: FastAPI) -> bool:
             server = mcp_mod.build_mcp_server(st.cfg)
         except TypeError:
             server = mcp_mod.build_mcp_server()
-        if hasattr(server, "settings"):
-            with contextlib.suppress(Exception):
-                server.settings.streamable_http_path = "/"    # the mount supplies the /mcp prefix
-        asgi = server.streamable_http_app()
-        if getattr(server, "session_manager", None) is not None:
-            app.state.lifespans.append(server.session_manager.run)
+        asgi = server.streamable_http_app()            # creates the session manager: call it first
+        manager = getattr(server, "session_manager", None)
+        if manager is not None:
+            app.state.lifespans.append(manager.run)
     if asgi is None:
-        log.warning("kb_assets.serving.mcp has neither build_mcp_asgi nor build_mcp_server: /mcp not mounted")
+        log.warning("kb_assets.serving.mcp has neither build_mcp_asgi nor build_mcp_server: /mcp not served")
         return False
-    app.mount("/mcp", BearerGate(asgi, app))
+    app.router.routes.append(Route("/mcp", BearerGate(asgi, app), methods=["GET", "POST", "DELETE"],
+                                   include_in_schema=False))
     return True
 
 
