@@ -1,4 +1,4 @@
-"""The `kb` command: index, status, search, recall, show, eval, plan.
+"""The `kb` command: index, status, search, recall, show, eval, plan, serve, token.
 
 Config mistakes print one line (file: key: problem — fix) and exit 2.
 """
@@ -186,24 +186,12 @@ def _print_index_summary(console, rows, elapsed) -> None:
 def cmd_status(args) -> int:
     cfg = _load(args, need_sources=False)
     with _connect(cfg) as conn:
-        from kb_assets.store.status import source_status
+        from kb_assets.store.status import status_report
 
-        configured = [s.key for s in cfg.sources]
-        rows = source_status(conn, None)
-        failures = {}
-        try:
-            from kb_assets.signposts.runner import signpost_failures
-
-            for r in rows:
-                failures[r["source"]] = signpost_failures(conn, r["source"])
-        except ImportError:
-            pass
-    for r in rows:
-        r["configured"] = r["source"] in configured
-        r["signpost_failures"] = failures.get(r["source"], [])
-    never = [k for k in configured if k not in {r["source"] for r in rows}]
+        report = status_report(conn, [s.key for s in cfg.sources])   # also GET /api/v1/status
+    rows, never = report["sources"], report["never_indexed"]
     if args.json:
-        print(json.dumps({"sources": rows, "never_indexed": never}, indent=2, default=str))
+        print(json.dumps(report, indent=2, default=str))
         return 0
     console = _console()
     from rich.table import Table
@@ -262,6 +250,10 @@ def cmd_recall(args) -> int:
     from kb_assets.query import recall
 
     cfg = _load(args, need_sources=False)
+    from kb_assets.serving.client import cmd_recall_remote, server_url
+
+    if server_url(cfg):   # a running `kb serve` (KB_SERVER / serve.url): same output, no model load here
+        return cmd_recall_remote(args, cfg, server_url(cfg))
     common = dict(config=cfg, limit=args.limit, code_limit=args.code_limit, include_passage=args.passage,
                   **_filters(args))
     if args.queries:
@@ -389,6 +381,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("plan", cmd_plan, "estimate files, chunks, tokens and dollars before anything is spent")
     sp.add_argument("--json", action="store_true")
+
+    from kb_assets.serving.commands import add_parsers as add_serving_parsers
+
+    add_serving_parsers(add)   # kb serve, kb token create|list|revoke
     return p
 
 

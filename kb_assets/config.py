@@ -95,6 +95,15 @@ class QuerySettings(_Strict):
     answer_tokens: int = Field(6000, ge=500)            # budget of the whole compact answer (chars / 4)
 
 
+class ServeSettings(_Strict):
+    """`kb serve` and the CLI's client mode (kb_assets/serving). Tokens are never settings: KB_TOKEN."""
+    url: str | None = None                  # a running kb serve that `kb recall` uses (KB_SERVER overrides)
+    host: str = "127.0.0.1"
+    port: int = Field(8765, ge=1, le=65535)
+    default_rate: str = "60/min"            # `kb token create` without --rate
+    pool_size: int = Field(8, ge=2, le=64)  # database connections of the server
+
+
 class SourceConfig(_Strict):
     key: str
     kind: Literal["adr", "doc", "session", "transcript", "readme", "agents_md", "memory", "work_item", "code"]
@@ -145,6 +154,7 @@ class KbConfig(_Strict):
     query: QuerySettings = Field(default_factory=QuerySettings)
     embed_batch_rows: int = Field(500, ge=1, le=500)   # rows written and committed per batch
     sources: list[SourceConfig] = Field(default_factory=list)
+    serve: ServeSettings = Field(default_factory=ServeSettings)
 
     # Filled in by load_config, not read from YAML.
     config_path: str = Field("<default>", exclude=True)

@@ -86,3 +86,22 @@ def record_run(conn: psycopg.Connection, source_key: str, status: str, stats: di
     conn.execute(
         "UPDATE sources SET last_run_at = now(), last_run_status = %s, last_run_stats = last_run_stats || %s::jsonb"
         " WHERE key = %s", (status, psycopg.types.json.Json(stats), source_key))
+
+
+def status_report(conn: psycopg.Connection, configured: list[str]) -> dict:
+    """The JSON of `kb status --json` (also GET /api/v1/status): every source's status, whether it is
+    configured, its failing signposts, and the configured sources never indexed."""
+    rows = source_status(conn, None)
+    failures: dict[str, list] = {}
+    try:
+        from kb_assets.signposts.runner import signpost_failures
+
+        for r in rows:
+            failures[r["source"]] = signpost_failures(conn, r["source"])
+    except ImportError:
+        pass
+    for r in rows:
+        r["configured"] = r["source"] in configured
+        r["signpost_failures"] = failures.get(r["source"], [])
+    never = [k for k in configured if k not in {r["source"] for r in rows}]
+    return {"sources": rows, "never_indexed": never}
