@@ -20,6 +20,7 @@ import psycopg
 
 from kb_assets.config import KbConfig, SourceConfig
 from kb_assets.models import Skip, SourceDocument
+from kb_assets.pipeline import cancel
 from kb_assets.pipeline.progress import Progress, null_progress
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,7 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
     batch = _Batch()
     try:
         for entry in to_read:
+            cancel.check()     # between files: the batches handed over are still written (close below)
             try:
                 result = read_entry(root, entry, source, blobs=blobs)
             except Exception as exc:  # a reader bug must not stop the run: record it, go on
