@@ -110,7 +110,10 @@ def _index(args, run) -> int:
     logging.getLogger("dagster").setLevel(logging.ERROR)
     definitions = defs() if callable(defs) else defs
     job = definitions.resolve_job_def("kb_index")
-    instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
+    # Two first runs on one fresh $DAGSTER_HOME raced on its sqlite schema (alembic "more than one head"):
+    # the instance is opened under a lock of our database.
+    with source_lock(url, "dagster-instance", check=cancel.check):
+        instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
     run_config = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
     console = _console(stderr=True)
     failures = []
@@ -120,7 +123,7 @@ def _index(args, run) -> int:
 
     bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=console, disable=not use_bars, transient=False)
-    with bars:
+    with bars, index_run.mute_dagster_when(lambda: run.stopping or guard.last_unreachable() is not None):
         progress_mod.set_current(_RichProgress(bars) if use_bars else None)
         try:
             for n, key in enumerate(keys):

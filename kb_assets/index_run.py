@@ -3,11 +3,14 @@
 Exit codes (README): 0 done · 1 a source failed · 2 configuration mistake · 3 the source is being indexed by
 another run (`--no-wait`) · 4 the database is unreachable · 130 SIGINT · 143 SIGTERM.
 
-Signals: Dagster's in-process execution replaces the SIGINT/SIGTERM handlers with its own, which only note
-the interrupt (a run was seen ignoring both for 20 s). So `kb index` blocks both signals in every thread
-and a thread of its own takes them with sigtimedwait: whatever handler Dagster installs, the first signal
-sets the stop flag the stages check between batches (pipeline/cancel.py); a second signal, or a stop that
-takes longer than HARD_DEADLINE_SECONDS, exits at once after releasing the embedded server's handle.
+Signals: Dagster's in-process execution swaps the SIGINT/SIGTERM handlers for its own, which note the
+interrupt or raise it inside a step at any instant (a run was seen ignoring both for 20 s). So `kb index`
+learns of a signal through the interpreter's wakeup fd — written by the C-level handler whatever Python
+handler is installed — read by a thread of its own: the first signal sets the stop flag the stages check
+between batches (pipeline/cancel.py; while a stage runs its Python handler is a no-op, so nothing is
+raised mid-batch); a second signal, or a stop that takes longer than HARD_DEADLINE_SECONDS, exits at once
+after releasing the embedded server's handle. (Blocking the signals instead is inherited by child
+processes: Dagster's log-tail helpers then ignored their SIGTERM for 30 s per step.)
 Committed batches stay; the state is consistent either way (every batch is its own transaction).
 """
 from __future__ import annotations
@@ -57,36 +60,54 @@ class IndexRun:
         self.pending: list[str] = []
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
-        self._blocked = False
+        self._fds: tuple[int, int] = (-1, -1)
+        self._saved: dict = {}
+        self._saved_wakeup = -1
         self._exit_lock = threading.Lock()
 
     # ---------------------------------------------------------------- signals
     def install(self) -> "IndexRun":
-        """Block SIGINT/SIGTERM in this (the main) thread — and so in every thread it starts later — and take
-        them on a thread of our own. Call before any other thread exists."""
+        """Take SIGINT/SIGTERM through the wakeup fd (main thread only; elsewhere nothing changes)."""
         if threading.current_thread() is not threading.main_thread():
             return self
         cancel.reset()
-        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
-        self._blocked = True
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        self._fds = (read_fd, write_fd)
+        self._saved = {s: signal.getsignal(s) for s in _SIGNALS}
+        for s in _SIGNALS:
+            signal.signal(s, cancel.ignore_signal)    # the wakeup thread acts; the handler only keeps us alive
+        self._saved_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        cancel.set_signal_listener(True)
         self._thread = threading.Thread(target=self._take_signals, name="kb-signals", daemon=True)
         self._thread.start()
         return self
 
     def close(self) -> None:
-        """Stop taking signals (a process that goes on after the command, e.g. a test calling main())."""
+        """Put the handlers back (a process that goes on after the command, e.g. a test calling main())."""
+        if self._thread is None:
+            return
+        cancel.set_signal_listener(False)
+        signal.set_wakeup_fd(self._saved_wakeup)
+        for s, h in self._saved.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
         self._closed.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
-        if self._blocked:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
-            self._blocked = False
+        os.close(self._fds[1])          # ends the reader's os.read
+        self._thread.join(timeout=2)
+        os.close(self._fds[0])
+        self._thread = None
 
     def _take_signals(self) -> None:
         while not self._closed.is_set():
-            info = signal.sigtimedwait(_SIGNALS, 0.25)
-            if info is not None:
-                self._on_signal(info.si_signo)
+            try:
+                data = os.read(self._fds[0], 64)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum in _SIGNALS and not self._closed.is_set():
+                    self._on_signal(signum)
 
     def _on_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name
@@ -151,6 +172,38 @@ class IndexRun:
         except Exception:
             pass
         os._exit(self.exit_code)
+
+
+class _MutedDagsterStderr:
+    """sys.stderr that drops Dagster's console records once `mute()` is true (after a stop request or a lost
+    database the CLI's own single line says it all; Dagster would add a failure and a trace per step)."""
+
+    def __init__(self, stream, mute):
+        self._stream, self._mute = stream, mute
+
+    def write(self, text):
+        if " - dagster - " in text and self._mute():
+            return len(text)
+        return self._stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def mute_dagster_when(mute):
+    """Context manager: Dagster's console log records are dropped while mute() is true."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def _cm():
+        saved = sys.stderr
+        sys.stderr = _MutedDagsterStderr(saved, mute)
+        try:
+            yield
+        finally:
+            sys.stderr = saved
+
+    return _cm()
 
 
 def release_resources() -> None:

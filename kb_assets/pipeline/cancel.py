@@ -18,6 +18,38 @@ _hooks: dict[int, Callable[[], None]] = {}
 _hooks_lock = threading.Lock()
 
 
+_listener = False      # a signal listener (`kb index`) is installed: stages keep signals from raising
+
+
+def ignore_signal(signum, frame) -> None:
+    """A Python-level signal handler that does nothing: the listener learns of the signal through the
+    interpreter's wakeup fd, and nothing is raised in the middle of a batch."""
+
+
+def set_signal_listener(active: bool) -> None:
+    global _listener
+    _listener = active
+
+
+@contextmanager
+def quiet_signals() -> Iterator[None]:
+    """While a stage runs in the main thread under `kb index`: SIGINT/SIGTERM raise nothing here (Dagster's
+    step handler would raise at any instant); the listener sets the stop flag, checked between batches."""
+    import signal
+
+    if not _listener or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in saved:
+        signal.signal(s, ignore_signal)
+    try:
+        yield
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+
 class Cancelled(Exception):
     """The run was asked to stop; raised at a batch boundary (the state is consistent)."""
 

@@ -32,8 +32,9 @@ def run_stage(cfg, source_key: str | None, fn: Callable[..., T], *, lock: bool =
             return fn(conn)
 
     try:
-        return retry_call(attempt, url=cfg.effective_database_url() or f"(embedded, {cfg.data_path() / 'pg'})",
-                          budget=cfg_retry_seconds(cfg))
+        with cancel.quiet_signals():
+            return retry_call(attempt, url=cfg.effective_database_url() or f"(embedded, {cfg.data_path() / 'pg'})",
+                              budget=cfg_retry_seconds(cfg))
     except DatabaseUnreachable as exc:
         _last_unreachable.append(exc)
         raise
