@@ -63,6 +63,27 @@ class _RichProgress:
 
 
 def cmd_index(args) -> int:
+    from kb_assets import index_run
+
+    run = index_run.IndexRun().install()   # first: signals are blocked before any thread starts
+    try:
+        return _index(args, run)
+    except Exception as exc:
+        from kb_assets.pipeline.cancel import Cancelled
+
+        if run.stopping and isinstance(exc, Cancelled):   # e.g. stopped while waiting for a source's lock
+            run.finish()
+        raise
+    finally:
+        run.close()
+
+
+def _index(args, run) -> int:
+    from kb_assets import index_run
+    from kb_assets.pipeline import cancel, guard
+    from kb_assets.store.locks import source_lock
+    from kb_assets.store.status import capture_runs
+
     cfg = _load(args)
     keys = [s.key for s in cfg.sources if s.enabled]
     if args.source:
@@ -75,7 +96,11 @@ def cmd_index(args) -> int:
     path = resolve_config_path(args.config)
     if path is not None:
         os.environ["KB_CONFIG"] = str(path.resolve())
-    _connect(cfg).close()  # start/migrate the database once, with a clear error if unreachable
+    from kb_assets.store.db import open_database
+
+    url = open_database(cfg)  # start/migrate the database once, with a clear error if unreachable
+    capture_runs()
+    guard.clear()
 
     import dagster as dg
 
@@ -85,7 +110,10 @@ def cmd_index(args) -> int:
     logging.getLogger("dagster").setLevel(logging.ERROR)
     definitions = defs() if callable(defs) else defs
     job = definitions.resolve_job_def("kb_index")
-    instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
+    # Two first runs on one fresh $DAGSTER_HOME raced on its sqlite schema (alembic "more than one head"):
+    # the instance is opened under a lock of our database.
+    with source_lock(url, "dagster-instance", check=cancel.check):
+        instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
     run_config = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
     console = _console(stderr=True)
     failures = []
@@ -96,24 +124,36 @@ def cmd_index(args) -> int:
 
     bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=console, disable=not use_bars, transient=False)
-    with bars:
+    with bars, index_run.mute_dagster_when(lambda: run.stopping or guard.last_unreachable() is not None):
         progress_mod.set_current(_RichProgress(bars) if use_bars else None)
         try:
-            for key in keys:
-                if not use_bars and not args.quiet:
-                    console.print(f"indexing {key} …")
-                result = job.execute_in_process(partition_key=key, instance=instance, run_config=run_config,
-                                                raise_on_error=False)
+            for n, key in enumerate(keys):
+                run.current, run.pending = key, keys[n + 1:]
+                # one run per source at a time: wait for (or, --no-wait, refuse) another run holding it
+                with source_lock(url, key, wait=not args.no_wait, check=cancel.check,
+                                 on_wait=lambda line: console.print(f"kb index: {line}")):
+                    if not use_bars and not args.quiet:
+                        console.print(f"indexing {key} …")
+                    result = job.execute_in_process(partition_key=key, instance=instance, run_config=run_config,
+                                                    raise_on_error=False)
+                if run.stopping:
+                    break
+                if guard.last_unreachable() is not None:
+                    raise guard.last_unreachable()   # one line, exit 4 (main)
                 if not result.success:
                     failures.append((key, _first_error(result)))
                     config_failed = config_failed or _failed_on_config(result)
+                run.done.append(key)
+                run.current = None
         finally:
             progress_mod.set_current(None)
+    if run.stopping:
+        run.finish()   # one line, exit 130/143
     elapsed = time.perf_counter() - started
     with _connect(cfg) as conn:
         from kb_assets.store.status import source_status
 
-        rows = source_status(conn, keys)
+        rows = index_run.own_figures(source_status(conn, keys))   # this run's figures, not the last writer's
     if args.json:
         print(json.dumps({"sources": [_run_summary(r) for r in rows], "seconds": round(elapsed, 2),
                           "failures": [{"source": k, "error": e} for k, e in failures]}, indent=2, default=str))
@@ -343,6 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--source", action="append", help="only this source key (repeatable)")
     sp.add_argument("--json", action="store_true")
     sp.add_argument("--quiet", action="store_true")
+    sp.add_argument("--no-wait", action="store_true",
+                    help="if another run is indexing a source, exit 3 naming it instead of waiting")
 
     sp = add("status", cmd_status, "per-source counts, skips with reasons, freshness")
     sp.add_argument("--json", action="store_true")
@@ -407,6 +449,12 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, QueryError):   # bad date, unknown id, index built with another model ...
             print(f"kb {args.verb}: {exc}", file=sys.stderr)
             return 1
+        from kb_assets.index_run import exit_code_for
+
+        code = exit_code_for(exc)   # 3: source busy (--no-wait), 4: database unreachable
+        if code is not None:
+            print(f"kb {args.verb}: {exc}", file=sys.stderr)
+            return code
         raise
     except KeyboardInterrupt:
         print("kb: interrupted — the index keeps its last consistent state; re-run to finish", file=sys.stderr)

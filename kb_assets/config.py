@@ -153,6 +153,8 @@ class KbConfig(_Strict):
     gemini: GeminiSettings = Field(default_factory=GeminiSettings)
     query: QuerySettings = Field(default_factory=QuerySettings)
     embed_batch_rows: int = Field(500, ge=1, le=500)   # rows written and committed per batch
+    # a database that is down or restarting is retried this long (s), then `kb` exits 4 (store/retry.py)
+    database_retry_seconds: float = Field(30.0, ge=0, le=3600)
     sources: list[SourceConfig] = Field(default_factory=list)
     serve: ServeSettings = Field(default_factory=ServeSettings)
 

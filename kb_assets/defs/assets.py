@@ -31,12 +31,16 @@ def _table(rows: list[dict], columns: list[str]) -> dg.MetadataValue:
 )
 def kb_documents(context: dg.AssetExecutionContext, kb: KbResource) -> dg.MaterializeResult:
     source = kb.config.source(context.partition_key)
-    with kb.connect() as conn:
+
+    def stage(conn):
         stats = sync_documents(conn, kb.config, source, current_progress())
         record_run(conn, source.key, "documents", {"documents": stats.as_metadata()})
         skipped = conn.execute(
             "SELECT path, skip_reason, skip_detail FROM documents WHERE source_key = %s AND status = 'skipped'"
             " ORDER BY updated_at DESC LIMIT 50", (source.key,)).fetchall()
+        return stats, skipped
+
+    stats, skipped = kb.run_stage(source.key, stage)
     context.log.info(f"{source.key}: {stats.new} new, {stats.changed} changed, {stats.unchanged} unchanged, "
                      f"{stats.deleted} deleted, {stats.skipped} skipped")
     return dg.MaterializeResult(metadata={
@@ -60,10 +64,14 @@ def kb_documents(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Materi
 def kb_chunks(context: dg.AssetExecutionContext, kb: KbResource) -> dg.MaterializeResult:
     key = context.partition_key
     embedder = kb.embedder()  # only its tokenizer is used here: the model is not loaded
-    with kb.connect() as conn:
+
+    def stage(conn):
         stats = chunk_source(conn, key, max_tokens=embedder.max_tokens, count_tokens=embedder.count_tokens,
                              progress=current_progress())
         record_run(conn, key, "chunks", {"chunks": stats.as_metadata()})
+        return stats
+
+    stats = kb.run_stage(key, stage)
     return dg.MaterializeResult(metadata={
         "documents_chunked": stats.documents_chunked, "chunks_written": stats.chunks_written,
         "chunks_removed": stats.chunks_removed, "chunks_total": stats.chunks_total, "errors": stats.errors,
@@ -83,10 +91,14 @@ def kb_chunks(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Materiali
 def kb_embeddings(context: dg.AssetExecutionContext, kb: KbResource) -> dg.MaterializeResult:
     key = context.partition_key
     embedder = kb.embedder()
-    with kb.connect() as conn:
+
+    def stage(conn):
         stats = run_embeddings_stage(conn, embedder, key, batch_rows=kb.config.embed_batch_rows,
                                      progress=current_progress())
         record_run(conn, key, "embeddings", {"embeddings": stats.as_metadata()})
+        return stats
+
+    stats = kb.run_stage(key, stage)
     cost = 0.0
     if kb.config.embedder == "voyage":
         cost = stats.tokens / 1e6 * kb.config.voyage.price_per_million_tokens
@@ -109,12 +121,16 @@ def kb_embeddings(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Mater
 def kb_search_index(context: dg.AssetExecutionContext, kb: KbResource) -> dg.MaterializeResult:
     key = context.partition_key
     embedder = kb.embedder()   # model and dimension only: nothing is loaded
-    with kb.connect() as conn:
+
+    def stage(conn):
         stats = build_search_index(conn, embedder.model, embedder.dimension,
                                    index_changed=source_changed_in_last_run(conn, key),
                                    progress=current_progress())
         record_run(conn, key, "search_index", {"search_index": {
             k: v for k, v in stats.as_metadata().items() if k != "query_stats"}})
+        return stats
+
+    stats = kb.run_stage(key, stage)
     q = stats.query_stats
     return dg.MaterializeResult(metadata={
         "model": stats.model, "dimension": stats.dimension, "space_missing": stats.space_missing,
@@ -142,7 +158,8 @@ def kb_signposts(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Materi
     key = context.partition_key
     signposter = kb.signposter()
     started = time.perf_counter()
-    with kb.connect() as conn:
+
+    def stage(conn):
         try:
             stats = run_signposts(conn, key, signposter,
                                   max_failures=kb.config.gemini.max_failures_before_parking,
@@ -152,6 +169,9 @@ def kb_signposts(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Materi
             raise dg.Failure(description=str(exc), allow_retries=False) from exc
         meta = stats.as_metadata() if hasattr(stats, "as_metadata") else dict(vars(stats))
         record_run(conn, key, "signposts", {"signposts": meta})
+        return meta
+
+    meta = kb.run_stage(key, stage)
     meta = {k: v for k, v in meta.items() if isinstance(v, (int, float, str, bool))}
     meta.setdefault("seconds", round(time.perf_counter() - started, 3))
     meta["generator"] = signposter.generator

@@ -6,6 +6,7 @@ from kb_assets.defs.assets import kb_chunks, kb_embeddings, kb_search_index, kb_
 from kb_assets.defs.resources import KbResource
 from kb_assets.pipeline.embeddings import count_missing
 from kb_assets.store import spaces
+from kb_assets.store.locks import ddl_lock, source_lock
 
 SIGNPOST_FAILURE_RATE_LIMIT = 0.05
 
@@ -13,17 +14,21 @@ SIGNPOST_FAILURE_RATE_LIMIT = 0.05
 @dg.asset_check(asset=kb_embeddings, description="Every chunk has a vector for the configured model.")
 def every_chunk_embedded(kb: KbResource) -> dg.AssetCheckResult:
     embedder = kb.embedder()
-    with kb.connect() as conn:
+
+    def read(conn):
         table = spaces.space_table(conn, embedder.model, embedder.dimension)
         total = conn.execute("SELECT count(DISTINCT chunk_hash) FROM chunks").fetchone()[0]
-        missing = total if table is None else count_missing(conn, table)
+        return total, (total if table is None else count_missing(conn, table))
+
+    # checks retry a database that is restarting like the stages do (no source lock: they only read)
+    total, missing = kb.run_stage(None, read, lock=False)
     return dg.AssetCheckResult(passed=missing == 0, metadata={
         "model": embedder.model, "dimension": embedder.dimension, "chunk_hashes": total, "missing": missing})
 
 
 @dg.asset_check(asset=kb_chunks, description="No chunk without a live document, no vector without a chunk.")
 def no_orphans(kb: KbResource) -> dg.AssetCheckResult:
-    with kb.connect() as conn:
+    def read(conn):
         orphan_chunks = conn.execute(
             "SELECT count(*) FROM chunks c LEFT JOIN documents d ON d.id = c.document_id"
             " WHERE d.id IS NULL OR d.status <> 'active'").fetchone()[0]
@@ -35,6 +40,9 @@ def no_orphans(kb: KbResource) -> dg.AssetCheckResult:
             orphan_vectors += conn.execute(
                 f'SELECT count(*) FROM "{table}" e WHERE NOT EXISTS'
                 f' (SELECT 1 FROM chunks c WHERE c.chunk_hash = e.chunk_hash)').fetchone()[0]
+        return orphan_chunks, stale_chunks, orphan_vectors
+
+    orphan_chunks, stale_chunks, orphan_vectors = kb.run_stage(None, read, lock=False)
     return dg.AssetCheckResult(
         passed=orphan_chunks == 0 and orphan_vectors == 0,
         metadata={"orphan_chunks": orphan_chunks, "orphan_vectors": orphan_vectors,
@@ -43,12 +51,11 @@ def no_orphans(kb: KbResource) -> dg.AssetCheckResult:
 
 @dg.asset_check(asset=kb_signposts, description=f"Under {SIGNPOST_FAILURE_RATE_LIMIT:.0%} of documents failing.")
 def signpost_failure_rate(kb: KbResource) -> dg.AssetCheckResult:
-    with kb.connect() as conn:
-        active, failing, parked = conn.execute(
-            "SELECT count(*), count(s.document_id) FILTER (WHERE s.failures > 0 OR s.stale),"
-            " count(s.document_id) FILTER (WHERE s.parked)"
-            " FROM documents d LEFT JOIN signpost_state s ON s.document_id = d.id WHERE d.status = 'active'"
-        ).fetchone()
+    active, failing, parked = kb.run_stage(None, lambda conn: conn.execute(
+        "SELECT count(*), count(s.document_id) FILTER (WHERE s.failures > 0 OR s.stale),"
+        " count(s.document_id) FILTER (WHERE s.parked)"
+        " FROM documents d LEFT JOIN signpost_state s ON s.document_id = d.id WHERE d.status = 'active'"
+    ).fetchone(), lock=False)
     rate = failing / active if active else 0.0
     return dg.AssetCheckResult(
         passed=rate <= SIGNPOST_FAILURE_RATE_LIMIT,
@@ -73,9 +80,13 @@ def recall_regression_set(kb: KbResource) -> dg.AssetCheckResult:
 
     cfg = kb.config.model_copy(update={"sources": [SourceConfig(**source_config())]})
     embedder = kb.embedder()
-    with connect(kb.database_url(), register=False) as conn:
-        # its own schema, then only the vector extension's: what it creates and reads stays in its schema
-        use_schema(conn, REGRESSION_SCHEMA)
+    url = kb.database_url()
+    # its schema is shared by every run: two runs at once index it one after the other
+    with source_lock(url, "kb-regression-check"), connect(url, register=False) as conn:
+        with conn.transaction():   # two runs at once: CREATE SCHEMA IF NOT EXISTS can still collide
+            ddl_lock(conn)
+            # its own schema, then only the vector extension's: what it creates and reads stays in its schema
+            use_schema(conn, REGRESSION_SCHEMA)
         migrate(conn)
         from pgvector.psycopg import register_vector
 

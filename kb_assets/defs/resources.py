@@ -27,6 +27,21 @@ class KbResource(dg.ConfigurableResource):
 
         return connect(self.database_url())
 
+    def run_stage(self, source_key: str | None, fn, *, lock: bool = True):
+        """fn(conn) under the source's run lock, re-run on a fresh connection after a transient database
+        error (pipeline/guard.py). A stop request or a database that stayed away fails the step without
+        Dagster's retries: the first is what the operator asked for, the second was retried already."""
+        from kb_assets.pipeline import guard
+        from kb_assets.pipeline.cancel import Cancelled
+        from kb_assets.store.retry import DatabaseUnreachable
+
+        try:
+            return guard.run_stage(self.config, source_key, fn, lock=lock)
+        except Cancelled as exc:
+            raise dg.Failure(description=f"stopped: {exc}", allow_retries=False) from None
+        except DatabaseUnreachable as exc:
+            raise dg.Failure(description=str(exc), allow_retries=False) from None
+
     def embedder(self):
         from kb_assets.embedding import make_embedder
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from typing import Callable
 
@@ -22,7 +23,7 @@ class FixedCostEmbedder:
     model = FIXED_COST_MODEL
 
     def __init__(self, cost_per_text: float = 0.002, *, dimension: int = 384, settings=None,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep, call_log: str | None = None):
         from kb_assets.embedding.local import LocalEmbedder
 
         self.dimension = dimension
@@ -30,6 +31,9 @@ class FixedCostEmbedder:
         self.sleep = sleep
         self._counter = LocalEmbedder(settings)    # tokenizer only; its model is never loaded from here
         self.texts_embedded = 0
+        # one line "pid texts" appended per call as it starts (what a paid API bills): the fault harness counts
+        # the work a killed run and its re-run did between them
+        self.call_log = call_log
 
     def __repr__(self) -> str:
         return f"FixedCostEmbedder(cost_per_text={self.cost_per_text}, dimension={self.dimension})"
@@ -50,6 +54,12 @@ class FixedCostEmbedder:
         texts = list(texts)
         if not texts:
             return empty_result(self.dimension)
+        if self.call_log:
+            fd = os.open(self.call_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, f"{os.getpid()} {len(texts)}\n".encode())
+            finally:
+                os.close(fd)
         started = time.perf_counter()
         out = np.stack([self.vector(t) for t in texts])
         tokens = sum(self.count_tokens(texts))

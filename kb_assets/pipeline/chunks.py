@@ -17,6 +17,7 @@ from typing import Callable
 import psycopg
 
 from kb_assets.models import SourceDocument
+from kb_assets.pipeline import cancel
 from kb_assets.pipeline.progress import Progress, null_progress
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int,
             for ids in islice(queue, CUT_AHEAD):
                 pending.append((pool.submit(cut, read(ids)), len(ids)))
             while pending:
+                cancel.check()     # between batches: each swap is its own transaction
                 job, n = pending.popleft()
                 batch = job.result()
                 ids = next(queue, None)

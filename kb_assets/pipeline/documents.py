@@ -20,6 +20,7 @@ import psycopg
 
 from kb_assets.config import KbConfig, SourceConfig
 from kb_assets.models import Skip, SourceDocument
+from kb_assets.pipeline import cancel
 from kb_assets.pipeline.progress import Progress, null_progress
 from kb_assets.sources.safe_names import assign_names, clean_json_value, clean_text, escape_surrogates
 
@@ -149,6 +150,7 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
     batch = _Batch()
     try:
         for entry in to_read:
+            cancel.check()     # between files: the batches handed over are still written (close below)
             stored_name = name(entry.path)
             try:
                 result = read_entry(root, entry, source, blobs=blobs)

@@ -14,6 +14,7 @@ import numpy as np
 import psycopg
 from psycopg import sql
 
+from kb_assets.pipeline import cancel
 from kb_assets.pipeline.progress import Progress, null_progress
 from kb_assets.store import spaces
 
@@ -116,25 +117,31 @@ def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, 
         # keyset pagination: batch N+1 can be read before batch N is written (its hashes are all greater)
         return conn.execute(missing_query, (after, after)).fetchall()
 
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-embed")
+    cancelled = False
     try:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-embed") as pool:
-            rows = next_rows("")
-            call = pool.submit(embedder.embed_documents, _texts(rows)) if rows else None
-            while rows:
-                following = next_rows(rows[-1][0])                  # overlaps the call in flight
-                result = call.result()                              # no transaction is open while we wait
-                call = pool.submit(embedder.embed_documents, _texts(following)) if following else None
-                _write_batch(conn, table, rows, result, embedder.dimension)   # overlaps the next call
-                stats.batches += 1
-                stats.chunks_embedded += len(rows)
-                stats.tokens += int(getattr(result, "tokens", 0) or 0)
-                progress.advance(len(rows))
-                rows = following
+        rows = next_rows("")
+        call = pool.submit(embedder.embed_documents, _texts(rows)) if rows else None
+        while rows:
+            cancel.check()
+            following = next_rows(rows[-1][0])                  # overlaps the call in flight
+            result = cancel.wait(call)                          # no transaction is open while we wait
+            call = pool.submit(embedder.embed_documents, _texts(following)) if following else None
+            _write_batch(conn, table, rows, result, embedder.dimension)   # overlaps the next call
+            stats.batches += 1
+            stats.chunks_embedded += len(rows)
+            stats.tokens += int(getattr(result, "tokens", 0) or 0)
+            progress.advance(len(rows))
+            rows = following
+    except cancel.Cancelled:
+        cancelled = True      # the call in flight is abandoned: its result is never written
+        raise
     except Exception:
         if stats.vector_index_dropped and (spaces.active_space(conn) or (None,) * 3)[2] == table:
             _restore_index_after_failure(conn, table)
         raise
     finally:
+        pool.shutdown(wait=not cancelled, cancel_futures=True)
         progress.done()
         if not conn.closed and not conn.broken:
             conn.execute("SET synchronous_commit = on")

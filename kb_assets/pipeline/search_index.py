@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import psycopg
 
+from kb_assets.pipeline import cancel
 from kb_assets.pipeline.embeddings import count_missing
 from kb_assets.pipeline.progress import Progress, null_progress
 from kb_assets.store import spaces
@@ -44,6 +45,12 @@ def build_search_index(conn: psycopg.Connection, model: str, dimension: int, *,
     `index_changed`: whether the stages before changed anything; False skips the statistics refresh (an
     unchanged re-run stays cheap) unless they were never computed or the space was just activated.
     """
+    with cancel.cancellable(conn):   # a stop request cancels the HNSW build or the refresh (rolled back)
+        return _build_search_index(conn, model, dimension, refresh_query=refresh_query,
+                                   index_changed=index_changed, progress=progress)
+
+
+def _build_search_index(conn, model, dimension, *, refresh_query, index_changed, progress) -> SearchIndexStats:
     from kb_assets.query import refresh_query_stats
 
     started = time.perf_counter()
@@ -65,6 +72,7 @@ def build_search_index(conn: psycopg.Connection, model: str, dimension: int, *,
         finally:
             progress.done()
         stats.vector_index_seconds = round(time.perf_counter() - t0, 3)
+    cancel.check()
     if not in_use and stats.space_missing == 0:
         spaces.activate_space(conn, model, dimension)
         stats.activated = in_use = True

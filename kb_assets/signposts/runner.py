@@ -27,6 +27,7 @@ from typing import Any, Callable
 import psycopg
 from pydantic import ValidationError
 
+from kb_assets.pipeline import cancel
 from kb_assets.signposts.base import (
     SignpostAuthError,
     SignpostError,
@@ -276,7 +277,8 @@ def run_signposts(conn, source_key: str, signposter, *, max_failures: int = 3, c
             pending: dict[Future, tuple[_Job, str]] = {}
             queue = list(reversed(jobs))
             while queue or pending:
-                while queue and stop_exc is None and len(pending) < limiter.width:
+                # a stop request (SIGINT/SIGTERM): start nothing new, finish what is in flight
+                while queue and stop_exc is None and not cancel.stop_requested() and len(pending) < limiter.width:
                     job = queue.pop()
                     inp = None
                     for doc_id in job.document_ids:
@@ -337,6 +339,7 @@ def run_signposts(conn, source_key: str, signposter, *, max_failures: int = 3, c
     finally:
         if has_listener:
             signposter.rate_limit_listener = previous_listener
+    cancel.check()
 
     row = conn.execute(
         """SELECT count(*) FILTER (WHERE st.parked),

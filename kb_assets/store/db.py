@@ -1,6 +1,8 @@
 """Connections, the embedded PostgreSQL, and versioned migrations."""
 from __future__ import annotations
 
+import atexit
+import json
 import logging
 import os
 import threading
@@ -14,6 +16,8 @@ log = logging.getLogger(__name__)
 
 MIGRATION_LOCK_ID = 0x6B62_0001  # pg_advisory_xact_lock key: two processes never migrate at once
 
+HANDLE_FILE = ".handle_pids.json"   # pgserver's per-data-folder list of live handle pids
+
 _servers: dict[str, object] = {}   # pgserver handles kept alive for the life of the process
 _servers_lock = threading.Lock()
 
@@ -26,7 +30,10 @@ def embedded_url(data_dir: Path) -> str:
     """Start (or join) the embedded PostgreSQL under data_dir/pg and return its URL.
 
     pgserver refcounts handles per data folder across processes and stops the server when the last one
-    exits, so this process keeps its handle until it ends.
+    exits, so this process keeps its handle until it ends. A holder killed with -9 never removes its pid from
+    the handle file, which kept the server running forever: dead pids are dropped here, before joining, and
+    again before this process lets go (so the last live holder stops the server). A postmaster that died
+    under a live handle is started again.
     """
     pgdata = (data_dir / "pg").resolve()
     key = str(pgdata)
@@ -36,34 +43,112 @@ def embedded_url(data_dir: Path) -> str:
             pgdata.parent.mkdir(parents=True, exist_ok=True)
             import pgserver  # heavy import: only when the embedded server is used
 
+            prune_stale_handles(pgdata)
             try:
                 server = pgserver.get_server(pgdata, cleanup_mode="stop")
             except Exception as exc:  # pgserver raises plain exceptions with the postgres log
                 raise DatabaseError(f"could not start the embedded PostgreSQL in {pgdata}: {exc}") from exc
             _servers[key] = server
+            # atexit runs last-registered first: this runs before pgserver's own handle release
+            atexit.register(prune_stale_handles, pgdata)
+        else:
+            _revive(server, pgdata)
         return server.get_uri()  # type: ignore[attr-defined]
 
 
-def open_database(cfg) -> str:
+def prune_stale_handles(pgdata: Path) -> list[int]:
+    """Remove the pids of dead processes from pgserver's handle file; returns the pids removed."""
+    handle_file = Path(pgdata) / HANDLE_FILE
+    if not handle_file.exists():
+        return []
+    import psutil
+    from pgserver.postgres_server import PostgresServer
+
+    with PostgresServer._lock:   # pgserver's own inter-process lock around the file
+        try:
+            pids = json.loads(handle_file.read_text() or "[]")
+        except (OSError, ValueError):
+            return []
+        live = [p for p in pids if isinstance(p, int) and psutil.pid_exists(p)]
+        dead = [p for p in pids if p not in live]
+        if dead:
+            handle_file.write_text(json.dumps(live))
+            log.info("embedded PostgreSQL %s: dropped handles of dead processes %s", pgdata, dead)
+    return dead
+
+
+def _revive(server, pgdata: Path) -> None:
+    """The postmaster under our handle was killed: start it again (the retry loop calls us again on failure)."""
+    info = getattr(server, "_postmaster_info", None)
+    if info is None or info.is_running():
+        return
+    from pgserver.postgres_server import PostgresServer
+
+    log.warning("the embedded PostgreSQL in %s is not running: starting it again", pgdata)
+    try:
+        with PostgresServer._lock:
+            server.ensure_postgres_running()
+    except Exception as exc:  # a transient outage to the retry loop (orphan backends may still be exiting)
+        raise psycopg.OperationalError(f"the embedded PostgreSQL in {pgdata} is not running and could not "
+                                       f"be started yet: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}") from exc
+
+
+def release_embedded() -> None:
+    """Let go of this process's embedded-server handles now (a hard exit skips atexit): the server stops
+    if no other live process holds it."""
+    with _servers_lock:
+        servers = list(_servers.items())
+        _servers.clear()
+    for key, server in servers:
+        try:
+            prune_stale_handles(Path(key))
+            server.cleanup()  # type: ignore[attr-defined]
+        except Exception:
+            log.exception("releasing the embedded PostgreSQL %s failed", key)
+
+
+def open_database(cfg, *, retry_seconds: float | None = None) -> str:
     """The database URL for a config: KB_DATABASE_URL / database_url, else the embedded server.
 
-    Checks that it answers and migrates it; raises ConfigError for an unreachable configured URL.
+    Checks that it answers and migrates it. A server that is down, starting or restarting is retried for
+    `database_retry_seconds` (then DatabaseUnreachable: the CLI's exit 4); a URL that can never work (bad
+    password, unknown database, malformed) raises ConfigError at once.
     """
+    from kb_assets.store.retry import retry_call
+
+    budget = cfg_retry_seconds(cfg) if retry_seconds is None else retry_seconds
+    url = cfg.effective_database_url()
+    return retry_call(lambda: open_database_once(cfg), url=url or f"(embedded, {cfg.data_path() / 'pg'})",
+                      budget=budget)
+
+
+def cfg_retry_seconds(cfg) -> float:
+    from kb_assets.store.retry import DEFAULT_RETRY_SECONDS
+
+    value = getattr(cfg, "database_retry_seconds", None)
+    return DEFAULT_RETRY_SECONDS if value is None else float(value)
+
+
+def open_database_once(cfg) -> str:
+    """One attempt of open_database: transient connection errors propagate (psycopg.OperationalError)."""
     from kb_assets.config import DATABASE_URL_ENV, ConfigError
+    from kb_assets.store.retry import is_config_error
 
     url = cfg.effective_database_url()
     if url:
         try:
             with connect(url, register=False, connect_timeout=10) as conn:
                 migrate(conn)
-        except psycopg.OperationalError as exc:
+        except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
+            if not is_config_error(exc):
+                raise
             key = DATABASE_URL_ENV if os.environ.get(DATABASE_URL_ENV) else "database_url"
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(cfg.config_path, key, f"cannot connect ({first})",
-                              "start the server, fix the URL, or remove it to use the embedded database") from None
+                              "fix the URL, or remove it to use the embedded database") from None
         return url
     url = embedded_url(cfg.data_path())
-    with connect(url, register=False) as conn:
+    with connect(url, register=False, connect_timeout=10) as conn:
         migrate(conn)
     return url
 

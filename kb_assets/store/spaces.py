@@ -10,6 +10,8 @@ import re
 import psycopg
 from psycopg import sql
 
+from kb_assets.store.locks import ddl_lock
+
 _SLUG = re.compile(r"[^a-z0-9]+")
 
 
@@ -26,6 +28,7 @@ def ensure_space(conn: psycopg.Connection, model: str, dim: int) -> str:
     if row:
         return row[0]
     with conn.transaction():
+        ddl_lock(conn)
         conn.execute("LOCK TABLE embedding_spaces IN SHARE ROW EXCLUSIVE MODE")
         row = conn.execute(
             "SELECT table_name FROM embedding_spaces WHERE model = %s AND dimension = %s", (model, dim)
@@ -69,6 +72,11 @@ def ensure_vector_index(conn: psycopg.Connection, table: str) -> bool:
     if has_vector_index(conn, table):
         return False
     with conn.transaction():
+        # Two runs building it at once failed with UniqueViolation on the index name: one at a time, and the
+        # second finds it built.
+        ddl_lock(conn)
+        if has_vector_index(conn, table):
+            return False
         # pgvector builds the graph in memory when it fits in maintenance_work_mem (default 64 MB: 40K
         # 384-d vectors spill, and the build takes ~2x longer). Local to this transaction.
         conn.execute("SET LOCAL maintenance_work_mem = '1GB'")
@@ -81,7 +89,9 @@ def drop_vector_index(conn: psycopg.Connection, table: str) -> bool:
     """Drop the HNSW index before a large load (rebuilt by the search-index stage); True if it existed."""
     if not has_vector_index(conn, table):
         return False
-    conn.execute(sql.SQL("DROP INDEX IF EXISTS {i}").format(i=own(conn, vector_index_name(table))))
+    with conn.transaction():
+        ddl_lock(conn)
+        conn.execute(sql.SQL("DROP INDEX IF EXISTS {i}").format(i=own(conn, vector_index_name(table))))
     return True
 
 

@@ -82,7 +82,25 @@ def source_status(conn: psycopg.Connection, source_keys: list[str] | None = None
     return result
 
 
+# This process's own figures per source, when a caller (the `kb index` command) asked for them: the
+# `sources` row is shared with every other run, so a summary read from it showed another run's work.
+_captured: dict[str, dict] | None = None
+
+
+def capture_runs() -> None:
+    """From now on, keep what record_run records in this process (see captured_run)."""
+    global _captured
+    _captured = {}
+
+
+def captured_run(source_key: str) -> dict:
+    """The stage figures this process recorded for the source since capture_runs() ({}: none)."""
+    return dict((_captured or {}).get(source_key, {}))
+
+
 def record_run(conn: psycopg.Connection, source_key: str, status: str, stats: dict) -> None:
+    if _captured is not None:
+        _captured.setdefault(source_key, {}).update(stats)
     conn.execute(
         "UPDATE sources SET last_run_at = now(), last_run_status = %s, last_run_stats = last_run_stats || %s::jsonb"
         " WHERE key = %s", (status, psycopg.types.json.Json(stats), source_key))
