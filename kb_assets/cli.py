@@ -1,4 +1,4 @@
-"""The `kb` command: index, status, search, recall, show, eval, plan.
+"""The `kb` command: index, status, search, recall, show, eval, plan, mcp.
 
 Config mistakes print one line (file: key: problem — fix) and exit 2.
 """
@@ -165,23 +165,11 @@ def _print_index_summary(console, rows, elapsed) -> None:
 # ---------------------------------------------------------------- status
 def cmd_status(args) -> int:
     cfg = _load(args, need_sources=False)
+    from kb_assets.serving.tools import status_report   # the same JSON as the MCP / HTTP status
+
     with _connect(cfg) as conn:
-        from kb_assets.store.status import source_status
-
-        configured = [s.key for s in cfg.sources]
-        rows = source_status(conn, None)
-        failures = {}
-        try:
-            from kb_assets.signposts.runner import signpost_failures
-
-            for r in rows:
-                failures[r["source"]] = signpost_failures(conn, r["source"])
-        except ImportError:
-            pass
-    for r in rows:
-        r["configured"] = r["source"] in configured
-        r["signpost_failures"] = failures.get(r["source"], [])
-    never = [k for k in configured if k not in {r["source"] for r in rows}]
+        report = status_report(conn, cfg)
+    rows, never = report["sources"], report["never_indexed"]
     if args.json:
         print(json.dumps({"sources": rows, "never_indexed": never}, indent=2, default=str))
         return 0
@@ -317,6 +305,13 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_mcp(args) -> int:
+    from kb_assets.serving.mcp import run_stdio
+
+    run_stdio(_load(args, need_sources=False))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kb", description="kb_assets: a knowledge layer for AI coding agents")
     sub = p.add_subparsers(dest="verb", required=True)
@@ -366,6 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--doc-key", default="stem", choices=["stem", "path", "id"],
                     help="how qrels corpus ids name documents (stem: file name without extension)")
     sp.add_argument("--json", action="store_true")
+
+    add("mcp", cmd_mcp, "MCP server on stdio (tools recall/show/search/status): claude mcp add kb -- kb mcp")
 
     sp = add("plan", cmd_plan, "estimate files, chunks, tokens and dollars before anything is spent")
     sp.add_argument("--json", action="store_true")
