@@ -105,21 +105,30 @@ class NumpyBertEncoder:
         tok.enable_truncation(max_length=self.max_len)   # counts [CLS]/[SEP], as sentence-transformers does
         tok.enable_padding(pad_id=int(cfg.get("pad_token_id", 0)))
         self.tokenizer = tok
-        w: dict[str, np.ndarray] = {}
-        with safe_open(str(path / "model.safetensors"), framework="np") as fh:
-            for name in fh.keys():
-                if name.endswith("position_ids"):
-                    continue
-                key = name[5:] if name.startswith("bert.") else name
-                w[key] = fh.get_tensor(name).astype(np.float32, copy=False)
-        self.w = w
-        # Linear layers as (in, out) matrices once, so each call is x @ W + b.
-        self.lin = {k[:-len(".weight")]: (np.ascontiguousarray(v.T), w[k[:-len(".weight")] + ".bias"])
-                    for k, v in w.items() if k.startswith("encoder.") and k.endswith(".weight") and v.ndim == 2}
+        # The word-embedding table (30522 x 384, half the file) stays in the file: only the rows of the
+        # tokens seen are read. The other tensors are read once; linear weights are used as stored
+        # (out, in), multiplied transposed (BLAS takes the transpose flag, no copy).
+        self._file = safe_open(str(path / "model.safetensors"), framework="np")
+        names = {(n[5:] if n.startswith("bert.") else n): n for n in self._file.keys()}
+        self._word_name = names["embeddings.word_embeddings.weight"]
+        self._word_rows: dict[int, np.ndarray] = {}
+        self.w = {k: self._file.get_tensor(n).astype(np.float32, copy=False) for k, n in names.items()
+                  if not k.endswith("position_ids") and k != "embeddings.word_embeddings.weight"}
+
+    def _words(self, ids: np.ndarray) -> np.ndarray:
+        rows = self._word_rows
+        missing = [int(i) for i in np.unique(ids) if int(i) not in rows]
+        if missing:
+            table = self._file.get_slice(self._word_name)
+            with _LOCK:
+                for i in missing:
+                    rows[i] = table[i:i + 1][0].astype(np.float32, copy=False)
+        return np.stack([rows[int(i)] for i in ids.ravel()]).reshape(*ids.shape, -1)
 
     def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
-        wt, b = self.lin[name]
-        return x @ wt + b
+        shape = x.shape
+        out = x.reshape(-1, shape[-1]) @ self.w[name + ".weight"].T + self.w[name + ".bias"]
+        return out.reshape(*shape[:-1], -1)
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """(len(texts), hidden) float32, mean-pooled (and unit length when the folder normalises)."""
@@ -139,7 +148,7 @@ class NumpyBertEncoder:
         types = np.array([e.type_ids for e in encs], dtype=np.int64)
         n, seq = ids.shape
         w = self.w
-        x = (w["embeddings.word_embeddings.weight"][ids] + w["embeddings.position_embeddings.weight"][:seq][None]
+        x = (self._words(ids) + w["embeddings.position_embeddings.weight"][:seq][None]
              + w["embeddings.token_type_embeddings.weight"][types])
         x = _layer_norm(x, w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], self.eps)
         h, d = self.heads, self.hidden // self.heads
