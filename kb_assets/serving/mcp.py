@@ -216,12 +216,29 @@ def mcp_http_app(config=None, *, host: str = "127.0.0.1", allowed_hosts: list[st
 
 def run_stdio(config=None) -> None:
     """`kb mcp`: serve on stdin/stdout until the client closes them. Logs go to stderr (stdout is the wire;
-    the SDK points fd 1 at stderr while serving, so no stray print or child process can corrupt it)."""
-    import anyio
+    the SDK points fd 1 at stderr while serving, so no stray print or child process can corrupt it).
 
+    Shutdown: MCP clients close stdin, wait ~2 s, then SIGTERM (and SIGKILL 2 s later). Python's default
+    SIGTERM exits without atexit handlers, which would leave the embedded PostgreSQL running with a stale
+    handle (pgserver then never stops it). So SIGTERM ends the serve loop like a closed stdin, and once
+    shutting down further SIGTERMs are ignored while the database stops."""
+    import signal
     import threading
+
+    import anyio
 
     server = build_mcp_server(config)
     threading.Thread(target=tools.warm_up, args=(server.kb_config,), name="kb-warm-up", daemon=True).start()
     logging.basicConfig(level=logging.WARNING, format="kb mcp: %(levelname)s %(name)s: %(message)s")
-    anyio.run(server.run_stdio_async)
+
+    def on_sigterm(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        anyio.run(server.run_stdio_async)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if previous is not signal.SIG_IGN else previous)
