@@ -1,4 +1,4 @@
-"""The `kb` command: index, status, search, recall, show, eval, plan, serve, token.
+"""The `kb` command: index, status, search, recall, show, eval, plan, mcp, serve, token.
 
 Config mistakes print one line (file: key: problem — fix) and exit 2.
 """
@@ -369,6 +369,13 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_mcp(args) -> int:
+    from kb_assets.serving.mcp import run_stdio
+
+    run_stdio(_load(args, need_sources=False))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kb", description="kb_assets: a knowledge layer for AI coding agents")
     sub = p.add_subparsers(dest="verb", required=True)
@@ -420,6 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--doc-key", default="stem", choices=["stem", "path", "id"],
                     help="how qrels corpus ids name documents (stem: file name without extension)")
     sp.add_argument("--json", action="store_true")
+
+    add("mcp", cmd_mcp, "MCP server on stdio (tools recall/show/search/status): claude mcp add kb -- kb mcp")
 
     sp = add("plan", cmd_plan, "estimate files, chunks, tokens and dollars before anything is spent")
     sp.add_argument("--json", action="store_true")

@@ -116,6 +116,8 @@ def test_lazy_imports_and_offline_load_in_a_fresh_process(tmp_path):
         out["after_count"] = [m for m in heavy if m in sys.modules]
         vec = e.embed_query("hello world")
         out["dim"] = len(vec)
+        out["after_query"] = [m for m in heavy if m in sys.modules]   # the numpy query encoder: no torch
+        e.embed_documents(["hello world"])
         out["after_embed"] = [m for m in heavy if m in sys.modules]
         out["offline"] = [os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE")]
         import torch
@@ -131,7 +133,7 @@ def test_lazy_imports_and_offline_load_in_a_fresh_process(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["after_import"] == [] and out["after_count"] == []
     assert out["counts"][:2] == [2, 3] and out["max_tokens"] == 254
-    assert out["dim"] == 384
+    assert out["dim"] == 384 and out["after_query"] == []
     assert "torch" in out["after_embed"] and "sentence_transformers" in out["after_embed"]
     assert "voyageai" not in out["after_embed"]
     assert out["offline"] == ["1", "1"]

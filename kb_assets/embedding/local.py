@@ -208,6 +208,21 @@ class LocalEmbedder:
         tokens = sum(min(n + special, self.window) for n in self.count_tokens(texts))
         return EmbedResult(vectors, tokens)
 
+    def query_encoder(self) -> str:
+        """"numpy" (torch-free, same vectors: embedding/numpy_bert.py) unless the torch model is already
+        loaded in this process, the folder is not a plain mean-pooled BERT, or KB_QUERY_ENCODER=torch."""
+        if self.loaded or os.environ.get("KB_QUERY_ENCODER", "").lower() == "torch":
+            return "torch"
+        from kb_assets.embedding import numpy_bert
+
+        return "numpy" if numpy_bert.supports(self.path) else "torch"
+
     def embed_query(self, text: str) -> list[float]:
-        vec = as_matrix(self._encode([text]), 1, self.dimension, f"local model {self.model}")
+        if self.query_encoder() == "numpy":
+            from kb_assets.embedding.numpy_bert import encoder_for
+
+            raw = encoder_for(self.path).encode([text])
+        else:
+            raw = self._encode([text])
+        vec = as_matrix(raw, 1, self.dimension, f"local model {self.model}")
         return vec[0].tolist()

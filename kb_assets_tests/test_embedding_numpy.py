@@ -1,0 +1,111 @@
+"""The torch-free query encoder gives the vectors sentence-transformers gives (same weights, tokenizer,
+pooling, normalisation), and a fresh recall process never imports torch."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kb_assets.embedding import LocalEmbedder
+from kb_assets.embedding import local as local_mod
+from kb_assets.embedding import numpy_bert
+
+SAMPLE = [
+    "why did we drop celery?",
+    "x",
+    "",
+    "HNSW index ef_search pgvector 0.6 returns at most ef_search rows",
+    "Ünïcödé, emoji 😀 and CJK 漢字 — mixed scripts",
+    "def delay(attempt: int) -> float:\n    return random.uniform(0, 2 ** attempt)",
+    "word " * 400,                       # beyond the 256-token window: truncated the same way
+]
+
+
+def _corpus_sample(shared: Path | None, n: int = 24) -> list[str]:
+    """Real prose: paragraphs of the PEPs evaluation corpus when the shared data is there."""
+    if shared is None:
+        return []
+    texts = []
+    for path in sorted((shared / "eval").rglob("*.jsonl"))[:3]:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    item = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                text = item.get("text") or item.get("query") if isinstance(item, dict) else None
+                if isinstance(text, str) and text.strip():
+                    texts.append(text[:2000])
+                if len(texts) >= n:
+                    return texts
+    return texts
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    return local_mod.packaged_model_dir().resolve()
+
+
+def test_the_packaged_model_is_supported_and_others_are_not(model_dir, tmp_path):
+    assert numpy_bert.supports(model_dir)
+    other = tmp_path / "cls_pooled"
+    shutil.copytree(model_dir, other, ignore=shutil.ignore_patterns("model.safetensors"))
+    (other / "model.safetensors").symlink_to(model_dir / "model.safetensors")
+    (other / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 384, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}))
+    assert not numpy_bert.supports(other)       # CLS pooling: left to sentence-transformers
+    assert not numpy_bert.supports(tmp_path)     # not a model folder at all
+
+
+def test_same_vectors_as_sentence_transformers(model_dir):
+    shared = Path(__file__).resolve().parents[1].parent / "shared"
+    texts = SAMPLE + _corpus_sample(shared if shared.exists() else None)
+    ours = numpy_bert.encoder_for(model_dir).encode(texts)
+    reference = local_mod.load_model(model_dir).encode(texts, normalize_embeddings=True, convert_to_numpy=True,
+                                                       show_progress_bar=False)
+    assert ours.shape == reference.shape == (len(texts), 384) and ours.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
+    cos = (ours * reference).sum(1)
+    assert cos.min() >= 0.999, f"worst cosine {cos.min():.6f} on {texts[int(cos.argmin())][:60]!r}"
+    # one text alone (no padding) equals the same text in a padded batch
+    np.testing.assert_allclose(numpy_bert.encoder_for(model_dir).encode([texts[0]])[0], ours[0], atol=1e-5)
+
+
+def test_embed_query_uses_numpy_until_torch_is_loaded(monkeypatch):
+    emb = LocalEmbedder()
+    monkeypatch.setattr(local_mod, "_MODEL_CACHE", {})
+    assert emb.query_encoder() == "numpy"
+    q = emb.embed_query("where are the embeddings stored?")
+    monkeypatch.setenv("KB_QUERY_ENCODER", "torch")
+    assert emb.query_encoder() == "torch"
+    q_torch = emb.embed_query("where are the embeddings stored?")
+    assert float(np.dot(q, q_torch)) >= 0.999
+
+
+def test_a_fresh_recall_process_imports_neither_torch_nor_dagster_nor_pandas(tmp_path, db_url):
+    """The cold path: config → database → numpy encoder → SQL. torch (~8 s to import here) never loads."""
+    code = (
+        "import sys, json\n"
+        "from kb_assets.query import recall\n"
+        "from kb_assets.embedding import LocalEmbedder\n"
+        "import psycopg\n"
+        "from kb_assets.store.db import connect\n"
+        f"conn = connect({db_url!r}, register=False)\n"
+        "vec = LocalEmbedder().embed_query('why did we drop celery?')\n"
+        "r = recall('why did we drop celery?', conn=conn)\n"
+        "heavy = sorted(m for m in ('torch', 'sentence_transformers', 'transformers', 'dagster', 'pandas',"
+        " 'sklearn', 'scipy') if m in sys.modules)\n"
+        "print(json.dumps({'heavy': heavy, 'dim': len(vec)}))\n")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env.pop("KB_QUERY_ENCODER", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report == {"heavy": [], "dim": 384}
