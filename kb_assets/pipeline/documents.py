@@ -57,7 +57,9 @@ def _file_of(path: str) -> str:
 def _config_hash(cfg: KbConfig, source: SourceConfig) -> str:
     from kb_assets.models import sha256_hex
 
-    return sha256_hex(source.model_dump_json() + str(cfg.source_root(source)))[:16]
+    # branch/remote unset leave the hash as it was before they existed (no full re-listing on upgrade)
+    unset = {k for k in ("branch", "remote") if getattr(source, k, None) is None}
+    return sha256_hex(source.model_dump_json(exclude=unset) + str(cfg.source_root(source)))[:16]
 
 
 def ensure_source_row(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig) -> str | None:
@@ -98,6 +100,9 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
         diff_removed = set(changes.deleted) | {old for old, _ in changes.renamed}
     else:
         listing = discovery.list_source(root, source)
+        if prev and source.content == "HEAD" and listing.commit:
+            # the indexed commit is gone or not an ancestor of the tip: say why this run lists everything
+            stats.listing_mode = "full (history rewritten: indexed commit not an ancestor of the tip)"
     stats.listed = len(listing.files)
     stats.commit = listing.commit
     stats.complete = listing.complete or changes is not None
