@@ -112,11 +112,17 @@ def cmd_index(args) -> int:
         from kb_assets.store.status import source_status
 
         rows = source_status(conn, keys)
+        from kb_assets.guards import glob_warnings
+
+        warnings = glob_warnings(conn, cfg, keys)
     if args.json:
         print(json.dumps({"sources": [_run_summary(r) for r in rows], "seconds": round(elapsed, 2),
-                          "failures": [{"source": k, "error": e} for k, e in failures]}, indent=2, default=str))
+                          "failures": [{"source": k, "error": e} for k, e in failures],
+                          "warnings": warnings}, indent=2, default=str))
     elif not args.quiet:
         _print_index_summary(_console(), rows, elapsed)
+    for w in warnings:
+        console.print(f"[yellow]warning:[/yellow] {w}")
     for key, err in failures:
         console.print(f"[red]kb index: source {key!r} failed:[/red] {err}")
     return 1 if failures else 0
@@ -178,12 +184,15 @@ def cmd_status(args) -> int:
                 failures[r["source"]] = signpost_failures(conn, r["source"])
         except ImportError:
             pass
+        from kb_assets.guards import glob_warnings
+
+        warnings = glob_warnings(conn, cfg)
     for r in rows:
         r["configured"] = r["source"] in configured
         r["signpost_failures"] = failures.get(r["source"], [])
     never = [k for k in configured if k not in {r["source"] for r in rows}]
     if args.json:
-        print(json.dumps({"sources": rows, "never_indexed": never}, indent=2, default=str))
+        print(json.dumps({"sources": rows, "never_indexed": never, "warnings": warnings}, indent=2, default=str))
         return 0
     console = _console()
     from rich.table import Table
@@ -208,6 +217,8 @@ def cmd_status(args) -> int:
             console.print(f"{r['source']}: signpost failing — {f}")
     for k in never:
         console.print(f"{k}: configured, never indexed (run `kb index --source {k}`)")
+    for w in warnings:
+        console.print(f"[yellow]warning:[/yellow] {w}")
     if rows and rows[0]["embedding_model"] and not rows[0]["vector_index"]:
         console.print("[yellow]vector index missing[/yellow]: recall scans every vector until `kb index` "
                       "rebuilds it (kb_search_index)")
@@ -242,6 +253,9 @@ def cmd_recall(args) -> int:
     from kb_assets.query import recall
 
     cfg = _load(args, need_sources=False)
+    from kb_assets.guards import check_recall_filters
+
+    check_recall_filters(cfg, args.kind, args.source)
     common = dict(config=cfg, limit=args.limit, code_limit=args.code_limit, include_passage=args.passage,
                   **_filters(args))
     if args.queries:

@@ -40,6 +40,7 @@ class DocumentStats:
     skipped_total: int = 0         # all skipped files recorded for the source
     skip_reasons: dict[str, int] = field(default_factory=dict)
     listing_mode: str = "full"     # full | git-diff (committed changes since the indexed commit)
+    unmatched_includes: list[str] = field(default_factory=list)   # include globs that matched no file
     read_errors: int = 0
     commit: str | None = None
     complete: bool = True
@@ -213,6 +214,12 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
         reasons[reason] = n
     stats.skip_reasons = dict(reasons)
     stats.skipped_total = sum(reasons.values())
+    if stats.complete:
+        from kb_assets.store.health import glob_warning, unmatched_includes
+
+        stats.unmatched_includes = unmatched_includes(conn, source)
+        if stats.unmatched_includes:
+            log.warning(glob_warning(source.key, stats.unmatched_includes))
     stats.seconds = round(time.perf_counter() - started, 3)
     return stats
 
