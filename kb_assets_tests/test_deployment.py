@@ -47,11 +47,16 @@ def test_the_schema_check_can_fail(compose):
 
 def test_services_daemon_health_and_order(compose):
     services = compose["services"]
-    assert set(services) == {"postgres", *DAGSTER_SERVICES}
+    assert set(services) == {"postgres", "pools", *DAGSTER_SERVICES}
+    assert services["daemon"]["depends_on"]["pools"] == {"condition": "service_completed_successfully"}
+    assert "concurrency set embedding_api" in " ".join(services["pools"]["command"])
     assert services["postgres"]["image"].startswith("pgvector/pgvector:")
     assert services["postgres"]["healthcheck"]["test"]
     assert services["daemon"]["command"][:2] == ["dagster-daemon", "run"]
     for name, svc in services.items():
+        if name == "pools":         # one-shot
+            assert svc["restart"] == "no"
+            continue
         assert svc.get("restart") in ("unless-stopped", "always", "on-failure"), name
         if name == "postgres":
             continue
@@ -67,7 +72,7 @@ def test_one_image_built_once(compose):
     services = compose["services"]
     built = [n for n, s in services.items() if "build" in s]
     assert built == ["code"]
-    images = {services[n]["image"] for n in DAGSTER_SERVICES}
+    images = {services[n]["image"] for n in (*DAGSTER_SERVICES, "pools")}
     assert len(images) == 1
     dockerfile = (DOCKER / "Dockerfile").read_text()
     # CPU-only torch installed before the project, so the pin never resolves to the CUDA build

@@ -2,6 +2,7 @@
 pushes recorded by the webhook), and one that sees listing changes of sources that are not git."""
 
 import json
+import os
 
 import dagster as dg
 
@@ -33,7 +34,13 @@ def _push_state(cfg, after_id: int, log) -> tuple[list, int]:
     return pushes, max([after_id, *(p.id for p in pushes)])
 
 
-@dg.sensor(job=kb_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.STOPPED,
+# Seconds between ticks of git_commit_sensor (a deployment setting: lower it when the webhook records
+# pushes, so a push is indexed within seconds; each tick fetches every source that sets `remote:`).
+GIT_SENSOR_INTERVAL = int(os.environ.get("KB_GIT_SENSOR_INTERVAL_SECONDS") or 60)
+
+
+@dg.sensor(job=kb_job, minimum_interval_seconds=GIT_SENSOR_INTERVAL,
+           default_status=dg.DefaultSensorStatus.STOPPED,
            description=("Index a git source when the commit of its branch moves: the checkout's branch "
                         "(or `branch:`), after `git fetch <remote>` when the source sets `remote:`, and at "
                         "once for pushes recorded by POST /hooks/git. One run per source and commit "
