@@ -81,8 +81,9 @@ def test_dagster_ui_asset_graph_partition_checks_automation(tmp_path, db_url, ch
     port = _free_port()
     env = {**os.environ, "DAGSTER_HOME": str(home), "KB_CONFIG": str(cfg), "PYTHONPATH": str(ROOT)}
     log = open(tmp_path / "webserver.log", "wb")
-    proc = subprocess.Popen([str(BIN / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(port), "-m",
-                             "kb_assets.definitions"], env=env, cwd=tmp_path, stdout=log,
+    # the repository's workspace.yaml: the location is named kb_assets, as in dg dev and the deployment
+    proc = subprocess.Popen([str(BIN / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(port), "-w",
+                             str(ROOT / "workspace.yaml")], env=env, cwd=tmp_path, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -110,8 +111,10 @@ def test_dagster_ui_asset_graph_partition_checks_automation(tmp_path, db_url, ch
                 "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"])
             page = browser.new_page(viewport={"width": 1400, "height": 900})
 
-            def visit(path: str, expect: list[str], shot: str) -> None:
+            def visit(path: str, expect: list[str], shot: str, click: str | None = None) -> None:
                 page.goto(base + path, wait_until="domcontentloaded")
+                if click:
+                    page.get_by_text(click, exact=True).first.click(timeout=90_000)
                 for text in expect:
                     page.get_by_text(text, exact=False).first.wait_for(state="visible", timeout=90_000)
                 dialog = page.get_by_role("dialog")
@@ -121,11 +124,14 @@ def test_dagster_ui_asset_graph_partition_checks_automation(tmp_path, db_url, ch
                 page.screenshot(path=str(out / shot))
                 seen[shot] = page.inner_text("body")
 
-            visit("/asset-groups/", ["kb_documents", "kb_search_index", "kb_signposts"], "dagster-asset-graph.png")
+            # the group's graph: every stage with its partitions filled, checks passed and kinds
+            visit("/locations/kb_assets/asset-groups/kb",
+                  ["kb_documents", "kb_search_index", "kb_signposts", "50% filled", "extractive"],
+                  "dagster-asset-graph.png")
             visit("/assets/kb_documents?view=partitions&partition=decisions", ["decisions", "listing_mode"],
                   "dagster-partition.png")
-            visit("/assets/kb_search_index?view=checks", ["vector_keyword_parity", "recall_regression_set"],
-                  "dagster-checks.png")
+            visit("/assets/kb_search_index?view=checks", ["recall_regression_set", "without_keywords"],
+                  "dagster-checks.png", click="vector_keyword_parity")
             visit("/automation", ["git_commit_sensor", "source_listing_sensor", "nightly_index"],
                   "dagster-automation.png")
             browser.close()
