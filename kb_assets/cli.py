@@ -111,7 +111,7 @@ def cmd_index(args) -> int:
     with _connect(cfg) as conn:
         from kb_assets.store.status import source_status
 
-        rows = source_status(conn, keys)
+        rows = source_status(conn, keys, config=cfg)
         from kb_assets.guards import glob_warnings
 
         warnings = glob_warnings(conn, cfg, keys)
@@ -175,7 +175,7 @@ def cmd_status(args) -> int:
         from kb_assets.store.status import source_status
 
         configured = [s.key for s in cfg.sources]
-        rows = source_status(conn, None)
+        rows = source_status(conn, None, config=cfg)
         failures = {}
         try:
             from kb_assets.signposts.runner import signpost_failures

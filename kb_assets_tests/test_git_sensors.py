@@ -153,12 +153,12 @@ def test_force_push_makes_the_documents_stage_list_everything(repos):
         _commit(repos["upstream"], "docs/b.md", DOC.format(t="bravo"), "b")
         fetch(clone, "origin", "main")
         ff = sync_documents(conn, cfg, source)
-        assert ff.listing_mode == "git-diff" and ff.new == 1
+        assert ff.listing_mode == "git-diff" and ff.new == 1 and ff.listing_reason == ""
         _git(repos["upstream"], "reset", "-q", "--hard", "HEAD~1")
         _commit(repos["upstream"], "docs/c.md", DOC.format(t="charlie"), "c")
         fetch(clone, "origin", "main")
         rw = sync_documents(conn, cfg, source)
-        assert rw.listing_mode.startswith("full (history rewritten")
+        assert rw.listing_mode == "full" and rw.listing_reason.startswith("history rewritten")
         assert rw.new == 1 and rw.deleted == 1          # c in, b out
         paths = {p for (p,) in conn.execute(
             "SELECT path FROM documents WHERE source_key = 'merged' AND status = 'active'")}
@@ -277,3 +277,21 @@ def test_webhook_without_a_secret_refuses(db_url):
     with TestClient(create_app(database_url=db_url)) as client:
         r = client.post("/hooks/git", content=b"{}", headers={"X-Hub-Signature-256": _sign(b"{}")})
     assert r.status_code == 503 and "KB_WEBHOOK_SECRET" in r.json()["error"]
+
+
+def test_status_freshness_follows_the_remote_branch(repos):
+    from kb_assets.config import load_config
+    from kb_assets.pipeline.documents import sync_documents
+    from kb_assets.sources.gitutil import fetch
+    from kb_assets.store.db import connect
+    from kb_assets.store.status import source_status
+
+    cfg = load_config()
+    with connect(repos["db_url"]) as conn:
+        sync_documents(conn, cfg, cfg.source("merged"))
+        fresh = source_status(conn, ["merged"], config=cfg)[0]
+        assert fresh["fresh"] is True
+        merged = _commit(repos["upstream"], "docs/b.md", DOC.format(t="bravo"), "b")
+        fetch(repos["clone"], "origin", "main")
+        behind = source_status(conn, ["merged"], config=cfg)[0]
+        assert behind["fresh"] is False and behind["head_commit"] == merged

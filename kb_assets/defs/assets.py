@@ -49,7 +49,7 @@ def kb_documents(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Materi
         warnings.append(f"source {source.key!r}: the listing found no file to index")
         context.log.warning(warnings[-1])
     return dg.MaterializeResult(metadata={
-        "listing_mode": stats.listing_mode,
+        "listing_mode": stats.listing_mode + (f" ({stats.listing_reason})" if stats.listing_reason else ""),
         "warnings": dg.MetadataValue.md("\n".join(f"- {w}" for w in warnings) if warnings else "_none_"),
         "unmatched_include_globs": dg.MetadataValue.json(stats.unmatched_includes),
         "counts": _table([{"new": stats.new, "changed": stats.changed, "unchanged": stats.unchanged,

@@ -40,6 +40,7 @@ class DocumentStats:
     skipped_total: int = 0         # all skipped files recorded for the source
     skip_reasons: dict[str, int] = field(default_factory=dict)
     listing_mode: str = "full"     # full | git-diff (committed changes since the indexed commit)
+    listing_reason: str = ""       # why a full listing, when it was not expected (force-push, rewrite)
     unmatched_includes: list[str] = field(default_factory=list)   # include globs that matched no file
     read_errors: int = 0
     commit: str | None = None
@@ -103,7 +104,7 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
         listing = discovery.list_source(root, source)
         if prev and source.content == "HEAD" and listing.commit:
             # the indexed commit is gone or not an ancestor of the tip: say why this run lists everything
-            stats.listing_mode = "full (history rewritten: indexed commit not an ancestor of the tip)"
+            stats.listing_reason = "history rewritten: the indexed commit is not an ancestor of the tip"
     stats.listed = len(listing.files)
     stats.commit = listing.commit
     stats.complete = listing.complete or changes is not None

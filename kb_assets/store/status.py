@@ -19,9 +19,17 @@ def git_head(root: str | Path) -> str | None:
 
 
 def source_status(conn: psycopg.Connection, source_keys: list[str] | None = None,
-                  model: str | None = None, dimension: int | None = None) -> list[dict]:
+                  model: str | None = None, dimension: int | None = None, config=None) -> list[dict]:
     """One dict per source. `embedded` counts active chunks with a vector for (model, dimension)
-    (default: the active space)."""
+    (default: the active space). With `config`, a source that sets `branch:`/`remote:` is fresh against
+    that branch's tip (what the sensor indexes), not the checkout's HEAD."""
+    tips: dict[str, str | None] = {}
+    if config is not None:
+        from kb_assets.sources.discovery import tip_commit
+
+        for s in config.sources:
+            if s.branch or s.remote:
+                tips[s.key] = tip_commit(config.source_root(s), s)
     table = None
     if model and dimension:
         table = spaces.space_table(conn, model, dimension)
@@ -65,7 +73,7 @@ def source_status(conn: psycopg.Connection, source_keys: list[str] | None = None
         reasons: dict[str, int] = {}
         for s in skipped:
             reasons[s["reason"]] = reasons.get(s["reason"], 0) + 1
-        head = git_head(root) if Path(root).is_dir() else None
+        head = tips[key] if key in tips else git_head(root) if Path(root).is_dir() else None
         result.append({
             "source": key, "kind": kind, "root": root,
             "documents": counts[0], "chunks": chunks, "embedded": embedded,
