@@ -295,3 +295,27 @@ def test_status_freshness_follows_the_remote_branch(repos):
         fetch(repos["clone"], "origin", "main")
         behind = source_status(conn, ["merged"], config=cfg)[0]
         assert behind["fresh"] is False and behind["head_commit"] == merged
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the repository to another user")
+def test_a_repository_git_refuses_is_reported_not_walked(tmp_path):
+    """A bind-mounted checkout owned by another uid: git refuses it ("dubious ownership"). kb must say so
+    (a skip with the fix) instead of walking the folder as if it were not git."""
+    from kb_assets.config import parse_config
+    from kb_assets.sources.discovery import list_source
+
+    repo = tmp_path / "mounted"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _commit(repo, "docs/a.md", DOC.format(t="alpha"), "a")
+    (repo / "untracked.md").write_text(DOC.format(t="untracked"))
+    cfg = parse_config({"sources": [{"key": "m", "kind": "doc", "root": str(repo), "content": "HEAD"}]},
+                       path="kb.yaml", base_dir=str(tmp_path))
+    assert {e.path for e in list_source(repo, cfg.sources[0]).files} == {"docs/a.md"}
+    for dirpath, dirnames, filenames in os.walk(repo):
+        for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
+            os.lchown(name, 65534, 65534)
+    listing = list_source(repo, cfg.sources[0])
+    assert listing.files == [] and listing.complete is False
+    assert listing.skips[0].reason == "unreadable" and "dubious ownership" in listing.skips[0].detail
+    assert "safe.directory" in listing.skips[0].detail

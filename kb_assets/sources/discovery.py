@@ -45,7 +45,7 @@ from kb_assets.sources import classify
 from kb_assets.sources.globs import GlobSet
 from kb_assets.sources.gitutil import (
     GitError, commit_exists, head_commit as _head_commit, root_is_ignored, run_git, work_tree_top, z_split,
-    cat_blobs, iter_log_names, current_branch, is_ancestor, resolve_commit,
+    cat_blobs, iter_log_names, current_branch, is_ancestor, refused_repository, resolve_commit,
 )
 
 if TYPE_CHECKING:  # no runtime import: kb_assets.config imports nothing from here, and vice versa
@@ -224,6 +224,9 @@ def list_source(root: Path, source: SourceConfig) -> Listing:
     if not root.is_dir():
         return Listing([], [Skip(".", "unreadable", f"source root {root} is not a folder")], None, False)
     col = _Collector(root, source)
+    refused = refused_repository(root)
+    if refused:   # a repository git will not read: say so, index nothing, prune nothing
+        return Listing([], [Skip(".", "unreadable", refused)], None, False)
     if _git_mode(root):
         try:
             if source.content == "HEAD":

@@ -353,3 +353,20 @@ def remote_url(root: Path, remote: str) -> str | None:
         return None
     url = p.stdout.decode("utf-8", "replace").strip()
     return url if p.returncode == 0 and url else None
+
+
+def refused_repository(root: Path) -> str | None:
+    """git's refusal of a repository that exists but belongs to another user ("dubious ownership": a
+    bind-mounted checkout in a container), as one line with the fix; None when git reads it or there is no
+    repository. Without this check such a root looks like a plain folder and is walked: content HEAD
+    ignored, untracked files indexed, no commit, and the sensor never fires."""
+    try:
+        p = run_git(root, "rev-parse", "--git-dir", check=False, timeout=30)
+    except GitError:
+        return None
+    err = p.stderr.decode("utf-8", "replace")
+    if p.returncode != 0 and "dubious ownership" in err:
+        return (f"git refuses {root}: dubious ownership (the repository belongs to another user) — run "
+                f"`git config --global --add safe.directory {root}` (the kb image sets safe.directory '*')")
+    return None
+
