@@ -319,3 +319,20 @@ def test_a_repository_git_refuses_is_reported_not_walked(tmp_path):
     assert listing.files == [] and listing.complete is False
     assert listing.skips[0].reason == "unreadable" and "dubious ownership" in listing.skips[0].detail
     assert "safe.directory" in listing.skips[0].detail
+
+
+def test_branch_and_remote_settings_fail_with_one_line():
+    from kb_assets.config import ConfigError, parse_config
+
+    def err(source: dict) -> str:
+        with pytest.raises(ConfigError) as e:
+            parse_config({"sources": [{"key": "s", "kind": "doc", "root": ".", **source}]}, path="kb.yaml",
+                         base_dir=".")
+        return str(e.value)
+
+    assert "content: HEAD" in err({"remote": "origin"})              # fetching never moves a working tree
+    assert "not a valid git branch" in err({"content": "HEAD", "branch": "--upload-pack=x"})
+    assert "not a valid git branch" in err({"content": "HEAD", "branch": "main..evil"})
+    ok = parse_config({"sources": [{"key": "s", "kind": "doc", "root": ".", "content": "HEAD",
+                                    "branch": "release/2.x", "remote": "upstream"}]}, path="kb.yaml", base_dir=".")
+    assert ok.sources[0].branch == "release/2.x"

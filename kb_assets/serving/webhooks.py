@@ -138,7 +138,8 @@ async def git_push(request: Request) -> JSONResponse:
     if push["after_sha"] == _ZERO_SHA:
         return JSONResponse({"status": "ignored", "reason": "branch deleted"}, status_code=202)
     delivery_id = f"{provider}:{delivery or hashlib.sha256(body).hexdigest()}"
-    push_id = await run_in_threadpool(_record, _database_url(request), delivery_id, provider, push)
+    url = await run_in_threadpool(_database_url, request)    # may open (and migrate) the database once
+    push_id = await run_in_threadpool(_record, url, delivery_id, provider, push)
     if push_id is None:
         log.info("push webhook %s ignored: delivery already recorded", delivery_id[:80])
         return JSONResponse({"status": "duplicate", "delivery": delivery_id})
