@@ -153,12 +153,18 @@ def _index(args, run) -> int:
     with _connect(cfg) as conn:
         from kb_assets.store.status import source_status
 
-        rows = index_run.own_figures(source_status(conn, keys))   # this run's figures, not the last writer's
+        rows = index_run.own_figures(source_status(conn, keys, config=cfg))   # this run's figures only
+        from kb_assets.guards import glob_warnings
+
+        warnings = glob_warnings(conn, cfg, keys)
     if args.json:
         print(json.dumps({"sources": [_run_summary(r) for r in rows], "seconds": round(elapsed, 2),
-                          "failures": [{"source": k, "error": e} for k, e in failures]}, indent=2, default=str))
+                          "failures": [{"source": k, "error": e} for k, e in failures],
+                          "warnings": warnings}, indent=2, default=str))
     elif not args.quiet:
         _print_index_summary(_console(), rows, elapsed)
+    for w in warnings:
+        console.print(f"[yellow]warning:[/yellow] {w}")
     for key, err in failures:
         from rich.markup import escape
 
@@ -228,7 +234,7 @@ def cmd_status(args) -> int:
     with _connect(cfg) as conn:
         from kb_assets.store.status import status_report
 
-        report = status_report(conn, [s.key for s in cfg.sources])   # also GET /api/v1/status
+        report = status_report(conn, [s.key for s in cfg.sources], config=cfg)   # also GET /api/v1/status
     rows, never = report["sources"], report["never_indexed"]
     if args.json:
         print(json.dumps(report, indent=2, default=str))
@@ -256,6 +262,8 @@ def cmd_status(args) -> int:
             console.print(f"{r['source']}: signpost failing — {f}")
     for k in never:
         console.print(f"{k}: configured, never indexed (run `kb index --source {k}`)")
+    for w in warnings:
+        console.print(f"[yellow]warning:[/yellow] {w}")
     if rows and rows[0]["embedding_model"] and not rows[0]["vector_index"]:
         console.print("[yellow]vector index missing[/yellow]: recall scans every vector until `kb index` "
                       "rebuilds it (kb_search_index)")
@@ -290,6 +298,9 @@ def cmd_recall(args) -> int:
     from kb_assets.query import recall
 
     cfg = _load(args, need_sources=False)
+    from kb_assets.guards import check_recall_filters
+
+    check_recall_filters(cfg, args.kind, args.source)
     from kb_assets.serving.client import cmd_recall_remote, server_url
 
     if server_url(cfg):   # a running `kb serve` (KB_SERVER / serve.url): same output, no model load here

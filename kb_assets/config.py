@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kb_assets.models import DOCUMENT_KINDS
 
@@ -122,6 +122,10 @@ class SourceConfig(_Strict):
     # allow_broad_root (sources/roots.py); /proc, /sys and /dev are never read.
     allow_broad_root: bool = False
     max_files: int = Field(100_000, ge=1)
+    # Git merges (content: HEAD): the branch whose commits are indexed (default: the checkout's current
+    # branch) and an optional remote fetched on each sensor tick (then <remote>/<branch> is indexed).
+    branch: str | None = None
+    remote: str | None = None
 
     @field_validator("key")
     @classmethod
@@ -129,6 +133,21 @@ class SourceConfig(_Strict):
         if not SOURCE_KEY_RE.match(v):
             raise ValueError("must be 1-64 letters, digits, '_', '-' or '.' (it becomes a Dagster partition key)")
         return v
+
+    @field_validator("branch", "remote")
+    @classmethod
+    def _ref_ok(cls, v: str | None) -> str | None:
+        # a name git accepts as one ref component path, never an option ("-x") or a range ("a..b")
+        if v is not None and (not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_./-]{0,199}$", v) or ".." in v
+                              or v.endswith((".", "/", ".lock"))):
+            raise ValueError(f"{v!r} is not a valid git branch or remote name")
+        return v
+
+    @model_validator(mode="after")
+    def _remote_needs_head(self) -> "SourceConfig":
+        if (self.remote or self.branch) and self.content != "HEAD":
+            raise ValueError("branch/remote need content: HEAD (fetching never changes the working tree)")
+        return self
 
     @field_validator("include", "exclude")
     @classmethod

@@ -43,7 +43,26 @@ def kb_documents(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Materi
     stats, skipped = kb.run_stage(source.key, stage)
     context.log.info(f"{source.key}: {stats.new} new, {stats.changed} changed, {stats.unchanged} unchanged, "
                      f"{stats.deleted} deleted, {stats.skipped} skipped")
+    warnings = []
+    if stats.unmatched_includes:
+        from kb_assets.store.health import glob_warning
+
+        warnings.append(glob_warning(source.key, stats.unmatched_includes))
+        context.log.warning(warnings[-1])
+    if stats.listed == 0 and stats.complete:
+        warnings.append(f"source {source.key!r}: the listing found no file to index")
+        context.log.warning(warnings[-1])
     return dg.MaterializeResult(metadata={
+        "listing_mode": stats.listing_mode + (f" ({stats.listing_reason})" if stats.listing_reason else ""),
+        "warnings": dg.MetadataValue.md("\n".join(f"- {w}" for w in warnings) if warnings else "_none_"),
+        "unmatched_include_globs": dg.MetadataValue.json(stats.unmatched_includes),
+        "counts": _table([{"new": stats.new, "changed": stats.changed, "unchanged": stats.unchanged,
+                           "deleted": stats.deleted, "skipped (this run)": stats.skipped,
+                           "skipped (total)": stats.skipped_total, "listed": stats.listed}],
+                         ["new", "changed", "unchanged", "deleted", "skipped (this run)", "skipped (total)",
+                          "listed"]),
+        "skip_reasons_table": _table([{"reason": r, "files": n} for r, n in sorted(stats.skip_reasons.items())],
+                                     ["reason", "files"]),
         "new": stats.new, "changed": stats.changed, "unchanged": stats.unchanged, "deleted": stats.deleted,
         "skipped": stats.skipped, "skipped_total": stats.skipped_total, "listed": stats.listed,
         "read_errors": stats.read_errors, "commit": stats.commit or "", "listing_complete": stats.complete,
@@ -142,10 +161,20 @@ def kb_search_index(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Mat
     })
 
 
+def _signposter_kind() -> str:
+    """What generates the signposts (the UI shows it as the asset's kind): extractive or gemini."""
+    from kb_assets.config import load_config
+
+    try:
+        return load_config().signposter
+    except Exception:   # a config error is reported by the partitions / the run, not at import here
+        return "extractive"
+
+
 @dg.asset(
     partitions_def=sources_partitions,
     group_name=GROUP,
-    kinds={"python", "gemini"},
+    kinds={"python", _signposter_kind()},
     deps=[kb_documents],
     pool="llm_api",
     retry_policy=dg.RetryPolicy(max_retries=2, delay=60, backoff=dg.Backoff.EXPONENTIAL),

@@ -1,13 +1,14 @@
-"""What keeps the index fresh: a nightly schedule over every source and a sensor that sees new commits."""
+"""What keeps the index fresh: a nightly schedule over every source, a sensor that sees merged commits (and
+pushes recorded by the webhook), and one that sees listing changes of sources that are not git."""
 
 import json
+import os
 
 import dagster as dg
 
 from kb_assets.defs.assets import kb_job
 from kb_assets.defs.partitions import source_keys
 from kb_assets.config import load_config
-from kb_assets.store.status import git_head
 
 
 @dg.schedule(job=kb_job, cron_schedule="0 3 * * *", execution_timezone="UTC",
@@ -19,20 +20,92 @@ def nightly_index(context: dg.ScheduleEvaluationContext):
     return [dg.RunRequest(partition_key=key, run_key=f"{key}@{day}") for key in source_keys()]
 
 
-@dg.sensor(job=kb_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.STOPPED,
-           description="Index a source when its git HEAD moves. Cursor: {source key: last commit seen}.")
+def _push_state(cfg, after_id: int, log) -> tuple[list, int]:
+    """Pushes the webhook recorded since the cursor (only read when some source has a remote to match)."""
+    from kb_assets.sources.watch import pending_pushes
+    from kb_assets.store.db import connect, open_database
+
+    try:
+        with connect(open_database(cfg), register=False) as conn:
+            pushes = pending_pushes(conn, after_id)
+    except Exception as exc:   # the database is down: keep polling git, read the pushes next tick
+        log.warning(f"cannot read recorded pushes: {str(exc).splitlines()[0] if str(exc) else exc!r}")
+        return [], after_id
+    return pushes, max([after_id, *(p.id for p in pushes)])
+
+
+# Seconds between ticks of git_commit_sensor (a deployment setting: lower it when the webhook records
+# pushes, so a push is indexed within seconds; each tick fetches every source that sets `remote:`).
+GIT_SENSOR_INTERVAL = int(os.environ.get("KB_GIT_SENSOR_INTERVAL_SECONDS") or 60)
+
+
+@dg.sensor(job=kb_job, minimum_interval_seconds=GIT_SENSOR_INTERVAL,
+           default_status=dg.DefaultSensorStatus.STOPPED,
+           description=("Index a git source when the commit of its branch moves: the checkout's branch "
+                        "(or `branch:`), after `git fetch <remote>` when the source sets `remote:`, and at "
+                        "once for pushes recorded by POST /hooks/git. One run per source and commit "
+                        "(run_key source@sha); a force-push or history rewrite runs a full listing. "
+                        "Cursor: {commits: {source: sha}, push_id}."))
 def git_commit_sensor(context: dg.SensorEvaluationContext):
-    seen = json.loads(context.cursor) if context.cursor else {}
-    requests = []
+    from kb_assets.sources.watch import git_tip, history_rewritten, is_git_source, push_matches
+
+    raw = json.loads(context.cursor) if context.cursor else {}
+    # the first cursor format was a flat {source: sha}
+    state = raw if "commits" in raw else {"commits": raw, "push_id": 0}
+    seen: dict[str, str] = dict(state.get("commits") or {})
+    push_id = int(state.get("push_id") or 0)
     cfg = load_config()
-    for source in cfg.sources:
-        if not source.enabled:
+    sources = [s for s in cfg.sources if s.enabled and is_git_source(cfg, s)]
+    pushes: list = []
+    if any(s.remote for s in sources):
+        pushes, push_id = _push_state(cfg, push_id, context.log)
+    requests = []
+    for source in sources:
+        pushed = [p for p in pushes if push_matches(p, cfg, source)]
+        tip = git_tip(cfg, source, do_fetch=True)
+        if tip.error:
+            context.log.warning(f"{source.key}: fetch failed, using the last fetched state: {tip.error}")
+        if tip.commit is None or seen.get(source.key) == tip.commit:
             continue
-        head = git_head(cfg.source_root(source))
-        if head is None or seen.get(source.key) == head:
-            continue
-        requests.append(dg.RunRequest(partition_key=source.key, run_key=f"{source.key}@{head}"))
-        seen[source.key] = head
+        previous = seen.get(source.key)
+        rewritten = history_rewritten(cfg, source, previous, tip.commit) or any(p.forced for p in pushed)
+        tags = {
+            "kb/source": source.key, "kb/ref": tip.ref, "kb/commit": tip.commit,
+            "kb/previous_commit": previous or "",
+            "kb/trigger": "push" if pushed else "poll",
+            "kb/listing": ("full: history rewritten (force-push)" if rewritten
+                           else "first run" if previous is None else "incremental (git diff)"),
+        }
+        if pushed:
+            tags["kb/push_delivery"] = pushed[-1].delivery_id[:60]
+        requests.append(dg.RunRequest(partition_key=source.key, run_key=f"{source.key}@{tip.commit}", tags=tags))
+        seen[source.key] = tip.commit
+    cursor = json.dumps({"commits": seen, "push_id": push_id}, sort_keys=True)
     if not requests:
-        return dg.SkipReason("no source has a new commit")
-    return dg.SensorResult(run_requests=requests, cursor=json.dumps(seen, sort_keys=True))
+        return dg.SensorResult(skip_reason=dg.SkipReason("no source has a new commit"), cursor=cursor)
+    return dg.SensorResult(run_requests=requests, cursor=cursor)
+
+
+@dg.sensor(job=kb_job, minimum_interval_seconds=120, default_status=dg.DefaultSensorStatus.STOPPED,
+           description=("Index a source that is not git (memory folders, exports) when its listing changes: "
+                        "paths, sizes and modification times. Cursor: {source: listing signature}."))
+def source_listing_sensor(context: dg.SensorEvaluationContext):
+    from kb_assets.sources.watch import is_git_source, listing_signature
+
+    seen = json.loads(context.cursor) if context.cursor else {}
+    cfg = load_config()
+    requests = []
+    for source in cfg.sources:
+        if not source.enabled or is_git_source(cfg, source) or not cfg.source_root(source).is_dir():
+            continue
+        sig = listing_signature(cfg, source)
+        if seen.get(source.key) == sig:
+            continue
+        requests.append(dg.RunRequest(partition_key=source.key, run_key=f"{source.key}@listing-{sig[:16]}",
+                                      tags={"kb/source": source.key, "kb/trigger": "listing",
+                                            "kb/listing_signature": sig[:16]}))
+        seen[source.key] = sig
+    cursor = json.dumps(seen, sort_keys=True)
+    if not requests:
+        return dg.SensorResult(skip_reason=dg.SkipReason("no listing changed"), cursor=cursor)
+    return dg.SensorResult(run_requests=requests, cursor=cursor)

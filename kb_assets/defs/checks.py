@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from kb_assets.defs.assets import kb_chunks, kb_embeddings, kb_search_index, kb_signposts
+from kb_assets.defs.assets import kb_chunks, kb_documents, kb_embeddings, kb_search_index, kb_signposts
 from kb_assets.defs.resources import KbResource
 from kb_assets.pipeline.embeddings import count_missing
 from kb_assets.store import spaces
@@ -18,12 +18,21 @@ def every_chunk_embedded(kb: KbResource) -> dg.AssetCheckResult:
     def read(conn):
         table = spaces.space_table(conn, embedder.model, embedder.dimension)
         total = conn.execute("SELECT count(DISTINCT chunk_hash) FROM chunks").fetchone()[0]
-        return total, (total if table is None else count_missing(conn, table))
+        missing = total if table is None else count_missing(conn, table)
+        # per source, for the data engineer: which partition is incomplete
+        per_source = [dict(zip(("source", "chunks", "missing"), r)) for r in conn.execute(
+            "SELECT d.source_key, count(*), count(*) FILTER (WHERE %s::text IS NULL OR NOT EXISTS"
+            " (SELECT 1 FROM " + (f'"{table}"' if table else "(SELECT NULL::text AS chunk_hash) z") +
+            " e WHERE e.chunk_hash = c.chunk_hash))"
+            " FROM chunks c JOIN documents d ON d.id = c.document_id WHERE d.status = 'active'"
+            " GROUP BY 1 ORDER BY 1", (table,)).fetchall()]
+        return total, missing, per_source
 
     # checks retry a database that is restarting like the stages do (no source lock: they only read)
-    total, missing = kb.run_stage(None, read, lock=False)
+    total, missing, per_source = kb.run_stage(None, read, lock=False)
     return dg.AssetCheckResult(passed=missing == 0, metadata={
-        "model": embedder.model, "dimension": embedder.dimension, "chunk_hashes": total, "missing": missing})
+        "model": embedder.model, "dimension": embedder.dimension, "chunk_hashes": total, "missing": missing,
+        "sources": _md_table(per_source, ["source", "chunks", "missing"])})
 
 
 @dg.asset_check(asset=kb_chunks, description="No chunk without a live document, no vector without a chunk.")
@@ -100,3 +109,60 @@ def recall_regression_set(kb: KbResource) -> dg.AssetCheckResult:
         metadata={"hits": report["hits"], "total": report["total"], "mrr": report["mrr"],
                   "misses": dg.MetadataValue.json([{k: d[k] for k in ("id", "query", "expected", "got")}
                                                    for d in misses])})
+
+
+# ---------------------------------------------------------------- per partition: drift and parity
+def _run_sources(context: dg.AssetCheckExecutionContext, kb: KbResource) -> list:
+    """The run's partition (a source), or every enabled source when the check runs on its own."""
+    key = context.run.tags.get("dagster/partition") if context.run else None
+    if key:
+        return [kb.config.source(key)]
+    return [s for s in kb.config.sources if s.enabled]
+
+
+def _md_table(rows: list[dict], columns: list[str]) -> dg.MetadataValue:
+    import pandas as pd
+
+    if not rows:
+        return dg.MetadataValue.md("_none_")
+    return dg.MetadataValue.md(pd.DataFrame(rows, columns=columns).fillna("").to_markdown(index=False))
+
+
+@dg.asset_check(asset=kb_documents, description=(
+    "Drift: the commit the source is indexed at is the tip of its branch (HEAD, `branch:`, or "
+    "<remote>/<branch> after the sensor's fetch). Warns when the index is behind; sources that are not git "
+    "have no commit and pass."))
+def indexed_commit_matches_tip(context: dg.AssetCheckExecutionContext, kb: KbResource) -> dg.AssetCheckResult:
+    from kb_assets.store.health import drift
+
+    with kb.connect() as conn:
+        rows = [drift(conn, kb.config, s) for s in _run_sources(context, kb)]
+    drifted = [r for r in rows if r["drifted"]]
+    return dg.AssetCheckResult(
+        passed=not drifted, severity=dg.AssetCheckSeverity.WARN,
+        description=(f"{len(drifted)} source(s) behind their tip: " + ", ".join(r["source"] for r in drifted)
+                     if drifted else "every git source is indexed at its tip"),
+        metadata={"drifted": len(drifted), "sources": _md_table(
+            [{"source": r["source"], "ref": r["ref"] or "(not git)", "indexed": (r["indexed_commit"] or "-")[:12],
+              "tip": (r["tip_commit"] or "-")[:12], "commits behind": r["commits_behind"],
+              "drifted": r["drifted"]} for r in rows],
+            ["source", "ref", "indexed", "tip", "commits behind", "drifted"])})
+
+
+@dg.asset_check(asset=kb_search_index, description=(
+    "Vector/keyword parity: every active chunk of the source has a vector in the active space and a "
+    "keyword vector (tsvector), so both halves of hybrid search can find it."))
+def vector_keyword_parity(context: dg.AssetCheckExecutionContext, kb: KbResource) -> dg.AssetCheckResult:
+    from kb_assets.store.health import parity
+
+    with kb.connect() as conn:
+        rows = [parity(conn, s.key) for s in _run_sources(context, kb)]
+    no_vec = sum(r["without_vector"] for r in rows)
+    no_kw = sum(r["without_keywords"] for r in rows)
+    return dg.AssetCheckResult(
+        passed=no_vec == 0 and no_kw == 0,
+        description=("every active chunk has both" if not (no_vec or no_kw)
+                     else f"{no_vec} chunk(s) without a vector, {no_kw} without keywords"),
+        metadata={"chunks": sum(r["chunks"] for r in rows), "without_vector": no_vec, "without_keywords": no_kw,
+                  "sources": _md_table(rows, ["source", "active_space", "chunks", "without_vector",
+                                              "without_keywords"])})

@@ -42,6 +42,8 @@ class DocumentStats:
     skipped_total: int = 0         # all skipped files recorded for the source
     skip_reasons: dict[str, int] = field(default_factory=dict)
     listing_mode: str = "full"     # full | git-diff (committed changes since the indexed commit)
+    listing_reason: str = ""       # why a full listing, when it was not expected (force-push, rewrite)
+    unmatched_includes: list[str] = field(default_factory=list)   # include globs that matched no file
     read_errors: int = 0
     commit: str | None = None
     complete: bool = True
@@ -59,7 +61,9 @@ def _file_of(path: str) -> str:
 def _config_hash(cfg: KbConfig, source: SourceConfig) -> str:
     from kb_assets.models import sha256_hex
 
-    return sha256_hex(source.model_dump_json() + str(cfg.source_root(source)))[:16]
+    # branch/remote unset leave the hash as it was before they existed (no full re-listing on upgrade)
+    unset = {k for k in ("branch", "remote") if getattr(source, k, None) is None}
+    return sha256_hex(source.model_dump_json(exclude=unset) + str(cfg.source_root(source)))[:16]
 
 
 def ensure_source_row(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig) -> str | None:
@@ -106,6 +110,9 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
             listing = discovery.list_source(root, source)
         except TooManyFiles as exc:
             raise exc.with_config_path(cfg.config_path) from None
+        if prev and source.content == "HEAD" and listing.commit:
+            # the indexed commit is gone or not an ancestor of the tip: say why this run lists everything
+            stats.listing_reason = "history rewritten: the indexed commit is not an ancestor of the tip"
     stats.listed = len(listing.files)
     stats.commit = listing.commit
     stats.complete = listing.complete or changes is not None
@@ -229,6 +236,12 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
         reasons[reason] = n
     stats.skip_reasons = dict(reasons)
     stats.skipped_total = sum(reasons.values())
+    if stats.complete:
+        from kb_assets.store.health import glob_warning, unmatched_includes
+
+        stats.unmatched_includes = unmatched_includes(conn, source)
+        if stats.unmatched_includes:
+            log.warning(glob_warning(source.key, stats.unmatched_includes))
     stats.seconds = round(time.perf_counter() - started, 3)
     return stats
 

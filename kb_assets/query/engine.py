@@ -122,6 +122,7 @@ class RecallResult:
     candidates: dict[str, Any] = field(default_factory=dict)   # per query: distinct documents per channel
     ranked: list[list[tuple[str, float]]] = field(default_factory=list)  # per query: (id, score), all kinds
     channel_scores: dict[str, dict[str, float | None]] = field(default_factory=dict)  # first query, per id
+    notice: str | None = None   # e.g. the filters match no document: an empty answer that is not "no match"
 
     @property
     def query(self) -> str:
@@ -143,6 +144,8 @@ class RecallResult:
         }
         if self.warnings:
             d["warnings"] = list(self.warnings)
+        if self.notice:
+            d["notice"] = self.notice
         body = json.dumps(d, ensure_ascii=False, separators=(",", ":"))
         d["token_estimate"] = estimate_tokens(body) + 6
         return d
@@ -165,7 +168,11 @@ class RecallResult:
             out.append(f"recall {self.queries[0]!r}")
         for w in self.warnings:
             out.append(f"warning: {w}")
-        out.append(f"## documents ({len(self.documents)})" if self.documents else "## documents: none above threshold")
+        if self.notice:
+            out.append(f"notice: {self.notice}")
+        out.append(f"## documents ({len(self.documents)})" if self.documents
+                   else "## documents: none (the filters match no document)" if self.notice
+                   else "## documents: none above threshold")
         out += [r.text for r in self.documents]
         if self.code:
             out.append(f"## code ({len(self.code)})")
@@ -643,6 +650,14 @@ def recall(queries: str | Sequence[str], *, config=None, limit: int | None = Non
     if conn is None:
         conn = _connection_for(cfg)
     result = RecallResult(queries=qs, documents=[], code=[], mode=mode)
+    if filters.any_sql:
+        # Say so when the filters alone leave nothing: otherwise an empty answer reads as "nothing relevant"
+        where, params = filters.sql()
+        if conn.execute("SELECT NOT EXISTS (SELECT 1 FROM documents d WHERE d.status = 'active'" + where + ")",
+                        params).fetchone()[0]:
+            result.notice = "no indexed document matches the filters (" + ", ".join(
+                f"{k}={v}" for k, v in (("source", filters.sources), ("kind", filters.kinds),
+                                        ("tag", filters.tags), ("path_prefix", filters.path_prefix)) if v) + ")"
     searcher = _Searcher(conn, settings, tuning, filters)
     searcher.prepare(need_vectors=mode != "keyword")
     space = searcher.space

@@ -399,7 +399,7 @@ def status_route(request: Request):
 
     st: ServeState = request.app.state.kb
     with st.connection() as conn:
-        return json_response(status_report(conn, [s.key for s in st.cfg.sources]))
+        return json_response(status_report(conn, [s.key for s in st.cfg.sources], config=st.cfg))
 
 
 # ------------------------------------------------------------------------------------------ app

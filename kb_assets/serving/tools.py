@@ -165,7 +165,7 @@ def status_report(conn, cfg) -> dict[str, Any]:
     """The JSON of `kb status --json` (store.status.status_report, the one the CLI and HTTP API use)."""
     from kb_assets.store.status import status_report as report
 
-    return report(conn, [s.key for s in cfg.sources])
+    return report(conn, [s.key for s in cfg.sources], config=cfg)
 
 
 def status_json(cfg, *, skipped_files: int = STATUS_SKIPPED_FILES) -> dict[str, Any]:

@@ -23,7 +23,8 @@ Size bound: source.max_file_bytes; for transcript and work_item sources that did
 512 MB and 64 MB (transcripts are streamed line by line; a 2 MB default would skip most of them).
 
 changes_since: committed changes only (`git diff --name-status -z -M old HEAD`, limited to root). It returns
-None — the caller then does a full listing — when old_commit is unknown (force-push + gc), when root is not
+None — the caller then does a full listing — when old_commit is unknown (force-push + gc), when old_commit
+is not an ancestor of the new tip (force-push, history rewrite), when root is not
 a git work tree, or when the source reads the working tree ("worktree" mode: uncommitted edits, untracked
 files and reverted edits are not in any diff; a full listing with size:mtime signatures is cheap and exact).
 
@@ -45,7 +46,7 @@ from kb_assets.sources.globs import GlobSet
 from kb_assets.sources.roots import TooManyFiles, check_root, is_never_read, max_files_for
 from kb_assets.sources.gitutil import (
     GitError, commit_exists, head_commit as _head_commit, root_is_ignored, run_git, work_tree_top, z_split,
-    cat_blobs, iter_log_names,
+    cat_blobs, iter_log_names, current_branch, is_ancestor, refused_repository, resolve_commit,
 )
 
 if TYPE_CHECKING:  # no runtime import: kb_assets.config imports nothing from here, and vice versa
@@ -80,6 +81,23 @@ class GitChanges:
 def head_commit(root: Path) -> str | None:
     """The commit HEAD points at, or None (not a git repository, or no commit yet)."""
     return _head_commit(Path(root))
+
+
+def tip_ref(root: Path, source: SourceConfig) -> str:
+    """The ref a content-HEAD source indexes: HEAD, or the configured branch (local, or <remote>/<branch>
+    after the sensor's fetch). Without `branch:` the checkout's current branch is meant."""
+    if not source.branch and not source.remote:
+        return "HEAD"
+    branch = source.branch or current_branch(root) or "HEAD"
+    if source.remote:
+        return f"refs/remotes/{source.remote}/{branch}"
+    return f"refs/heads/{branch}" if branch != "HEAD" else "HEAD"
+
+
+def tip_commit(root: Path, source: SourceConfig) -> str | None:
+    """The commit a content-HEAD source indexes (see tip_ref), or None."""
+    ref = tip_ref(Path(root), source)
+    return head_commit(root) if ref == "HEAD" else resolve_commit(Path(root), ref)
 
 
 def source_enabled(source: SourceConfig) -> bool:
@@ -220,10 +238,13 @@ def list_source(root: Path, source: SourceConfig) -> Listing:
         return Listing([], [Skip(".", "unreadable", f"source root {root} is not a folder")], None, False)
     check_root(root, source)     # never list / or the home folder by accident (kb.yaml says it first)
     col = _Collector(root, source)
+    refused = refused_repository(root)
+    if refused:   # a repository git will not read: say so, index nothing, prune nothing
+        return Listing([], [Skip(".", "unreadable", refused)], None, False)
     if _git_mode(root):
         try:
             if source.content == "HEAD":
-                commit = head_commit(root)
+                commit = tip_commit(root, source)
                 if commit is None:  # a repository without commits has no committed files
                     return col.listing(None)
                 _list_head(col, commit, None)
@@ -248,7 +269,7 @@ def list_paths(root: Path, source: SourceConfig, paths: list[str]) -> Listing:
         return col.listing(None)
     paths = sorted({p.strip("/") for p in paths if p and p.strip("/")})
     if source.content == "HEAD" and _git_mode(root):
-        commit = head_commit(root)
+        commit = tip_commit(root, source)
         if commit is None:
             return col.listing(None)
         for i in range(0, len(paths), 200):
@@ -397,11 +418,13 @@ def changes_since(root: Path, source: SourceConfig, old_commit: str) -> GitChang
         return None
     if not commit_exists(root, old_commit):
         return None
-    head = head_commit(root)
+    head = tip_commit(root, source)
     if head is None:
         return None
     if head == old_commit or head.startswith(old_commit):
         return GitChanges()
+    if not is_ancestor(root, old_commit, head):
+        return None     # force-push / history rewrite: a full listing, not a diff across histories
     try:
         out = run_git(root, "diff", "--name-status", "-z", "-M", "--no-ext-diff", "--relative",
                       old_commit, head, "--", ".")

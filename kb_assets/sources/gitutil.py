@@ -305,3 +305,68 @@ def iter_log_names(root: Path) -> Iterator[tuple[str, str]]:
     finally:
         proc.stdout.close()
         proc.wait()
+
+
+# ---------------------------------------------------------------- branches and remotes (git-merge sensors)
+def current_branch(root: Path) -> str | None:
+    """The checked-out branch's short name, or None (detached HEAD, not git)."""
+    try:
+        p = run_git(root, "symbolic-ref", "-q", "--short", "HEAD", check=False, timeout=30)
+    except GitError:
+        return None
+    name = p.stdout.decode("utf-8", "replace").strip()
+    return name if p.returncode == 0 and name else None
+
+
+def resolve_commit(root: Path, ref: str) -> str | None:
+    try:
+        p = run_git(root, "rev-parse", "--verify", "-q", f"{ref}^{{commit}}", check=False, timeout=30)
+    except GitError:
+        return None
+    sha = p.stdout.decode().strip()
+    return sha if p.returncode == 0 and is_sha(sha) else None
+
+
+def is_ancestor(root: Path, old: str, new: str) -> bool:
+    """True when old is reachable from new (a fast-forward); False after a force-push / history rewrite
+    or when old is unknown here."""
+    if not commit_exists(root, old):
+        return False
+    try:
+        p = run_git(root, "merge-base", "--is-ancestor", old, new, check=False, timeout=60)
+    except GitError:
+        return False
+    return p.returncode == 0
+
+
+def fetch(root: Path, remote: str, branch: str, timeout: float = 120) -> None:
+    """`git fetch <remote> <branch>` into refs/remotes/<remote>/<branch> (forced: a rewritten remote branch
+    must replace ours). Raises GitError with git's last line."""
+    run_git(root, "fetch", "--quiet", "--no-tags", remote,
+            f"+refs/heads/{branch}:refs/remotes/{remote}/{branch}", timeout=timeout)
+
+
+def remote_url(root: Path, remote: str) -> str | None:
+    try:
+        p = run_git(root, "remote", "get-url", remote, check=False, timeout=30)
+    except GitError:
+        return None
+    url = p.stdout.decode("utf-8", "replace").strip()
+    return url if p.returncode == 0 and url else None
+
+
+def refused_repository(root: Path) -> str | None:
+    """git's refusal of a repository that exists but belongs to another user ("dubious ownership": a
+    bind-mounted checkout in a container), as one line with the fix; None when git reads it or there is no
+    repository. Without this check such a root looks like a plain folder and is walked: content HEAD
+    ignored, untracked files indexed, no commit, and the sensor never fires."""
+    try:
+        p = run_git(root, "rev-parse", "--git-dir", check=False, timeout=30)
+    except GitError:
+        return None
+    err = p.stderr.decode("utf-8", "replace")
+    if p.returncode != 0 and "dubious ownership" in err:
+        return (f"git refuses {root}: dubious ownership (the repository belongs to another user) — run "
+                f"`git config --global --add safe.directory {root}` (the kb image sets safe.directory '*')")
+    return None
+

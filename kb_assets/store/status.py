@@ -19,9 +19,17 @@ def git_head(root: str | Path) -> str | None:
 
 
 def source_status(conn: psycopg.Connection, source_keys: list[str] | None = None,
-                  model: str | None = None, dimension: int | None = None) -> list[dict]:
+                  model: str | None = None, dimension: int | None = None, config=None) -> list[dict]:
     """One dict per source. `embedded` counts active chunks with a vector for (model, dimension)
-    (default: the active space)."""
+    (default: the active space). With `config`, a source that sets `branch:`/`remote:` is fresh against
+    that branch's tip (what the sensor indexes), not the checkout's HEAD."""
+    tips: dict[str, str | None] = {}
+    if config is not None:
+        from kb_assets.sources.discovery import tip_commit
+
+        for s in config.sources:
+            if s.branch or s.remote:
+                tips[s.key] = tip_commit(config.source_root(s), s)
     table = None
     if model and dimension:
         table = spaces.space_table(conn, model, dimension)
@@ -65,7 +73,7 @@ def source_status(conn: psycopg.Connection, source_keys: list[str] | None = None
         reasons: dict[str, int] = {}
         for s in skipped:
             reasons[s["reason"]] = reasons.get(s["reason"], 0) + 1
-        head = git_head(root) if Path(root).is_dir() else None
+        head = tips[key] if key in tips else git_head(root) if Path(root).is_dir() else None
         result.append({
             "source": key, "kind": kind, "root": root,
             "documents": counts[0], "chunks": chunks, "embedded": embedded,
@@ -106,10 +114,11 @@ def record_run(conn: psycopg.Connection, source_key: str, status: str, stats: di
         " WHERE key = %s", (status, psycopg.types.json.Json(stats), source_key))
 
 
-def status_report(conn: psycopg.Connection, configured: list[str]) -> dict:
-    """The JSON of `kb status --json` (also GET /api/v1/status): every source's status, whether it is
-    configured, its failing signposts, and the configured sources never indexed."""
-    rows = source_status(conn, None)
+def status_report(conn: psycopg.Connection, configured: list[str], config=None) -> dict:
+    """The JSON of `kb status --json` (also GET /api/v1/status, the MCP status tool): every source's status,
+    whether it is configured, its failing signposts, the configured sources never indexed and, with `config`,
+    freshness against a configured branch and the include globs that match nothing (`warnings`)."""
+    rows = source_status(conn, None, config=config)
     failures: dict[str, list] = {}
     try:
         from kb_assets.signposts.runner import signpost_failures
@@ -122,4 +131,9 @@ def status_report(conn: psycopg.Connection, configured: list[str]) -> dict:
         r["configured"] = r["source"] in configured
         r["signpost_failures"] = failures.get(r["source"], [])
     never = [k for k in configured if k not in {r["source"] for r in rows}]
-    return {"sources": rows, "never_indexed": never}
+    report = {"sources": rows, "never_indexed": never}
+    if config is not None:
+        from kb_assets.guards import glob_warnings
+
+        report["warnings"] = glob_warnings(conn, config)
+    return report
