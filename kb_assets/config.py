@@ -95,6 +95,13 @@ class QuerySettings(_Strict):
     answer_tokens: int = Field(6000, ge=500)            # budget of the whole compact answer (chars / 4)
 
 
+class TagSpec(_Strict):
+    """One tag of the governed vocabulary (`tags:` in kb.yaml), with the spellings that mean it."""
+
+    tag: str = Field(min_length=1, max_length=60)
+    aliases: list[str] = Field(default_factory=list)
+
+
 class SourceConfig(_Strict):
     key: str
     kind: Literal["adr", "doc", "session", "transcript", "readme", "agents_md", "memory", "work_item", "code"]
@@ -141,6 +148,10 @@ class KbConfig(_Strict):
     query: QuerySettings = Field(default_factory=QuerySettings)
     embed_batch_rows: int = Field(500, ge=1, le=500)   # rows written and committed per batch
     sources: list[SourceConfig] = Field(default_factory=list)
+    # Projections (kb_assets/projections): where the tier files go (default data_dir/machine; relative to this
+    # file), and the governed tag vocabulary — a tag or {tag, aliases}; empty: every document tag is used.
+    projections_dir: str | None = None
+    tags: list[str | TagSpec] = Field(default_factory=list)
 
     # Filled in by load_config, not read from YAML.
     config_path: str = Field("<default>", exclude=True)
@@ -148,6 +159,12 @@ class KbConfig(_Strict):
 
     def data_path(self) -> Path:
         p = Path(self.data_dir)
+        return p if p.is_absolute() else Path(self.base_dir) / p
+
+    def projections_path(self) -> Path:
+        if self.projections_dir is None:
+            return self.data_path() / "machine"
+        p = Path(os.path.expanduser(self.projections_dir))
         return p if p.is_absolute() else Path(self.base_dir) / p
 
     def source_root(self, source: SourceConfig) -> Path:
