@@ -62,3 +62,24 @@ def successors(conn, doc_ids: list[int]) -> dict[int, list[tuple[int | None, str
         if all(name != n for _, n in out[did]):
             out[did].append((tdid, name))
     return dict(out)
+
+
+def successors_first(chosen: list, succ: dict[int, list[tuple[int | None, str]]]) -> list:
+    """Reorder ranked (hit, …) pairs so that a successor found with the document it supersedes sits right above
+    it (an agent reading top-down meets the current decision first). Other positions do not move."""
+    order = [item[0].doc_id for item in chosen]
+    pos = {d: i for i, d in enumerate(order)}
+    moved = False
+    for did in list(order):
+        for tdid, _name in succ.get(did, []):
+            if tdid is None or tdid not in pos or tdid == did:
+                continue
+            i, j = order.index(did), order.index(tdid)
+            if j > i:                      # the successor is below: lift it to just above
+                order.pop(j)
+                order.insert(i, tdid)
+                moved = True
+    if not moved:
+        return chosen
+    by_id = {item[0].doc_id: item for item in chosen}
+    return [by_id[d] for d in order]
