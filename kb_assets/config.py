@@ -151,7 +151,13 @@ class KbConfig(_Strict):
     # Projections (kb_assets/projections): where the tier files go (default data_dir/machine; relative to this
     # file), and the governed tag vocabulary — a tag or {tag, aliases}; empty: every document tag is used.
     projections_dir: str | None = None
-    tags: list[str | TagSpec] = Field(default_factory=list)
+    tags: list[TagSpec] = Field(default_factory=list)
+
+    @field_validator("tags", mode="before")
+    @classmethod
+    def _tag_strings(cls, v: Any) -> Any:
+        # `- ops` is short for `- {tag: ops}`
+        return [{"tag": t} if isinstance(t, str) else t for t in v] if isinstance(v, list) else v
 
     # Filled in by load_config, not read from YAML.
     config_path: str = Field("<default>", exclude=True)

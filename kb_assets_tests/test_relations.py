@@ -11,6 +11,7 @@ import pytest
 
 from kb_assets.config import parse_config
 from kb_assets.pipeline import sync_documents
+from kb_assets.pipeline.projections import build_projections
 from kb_assets.pipeline.relations import edges_for, resolve_relations, text_references
 from kb_assets.query.relations import related, successors
 
@@ -119,6 +120,14 @@ def test_every_supersedes_pair_of_the_corpora_is_an_edge_both_ways(db_url, conn,
     resolve_relations(conn)
     assert conn.execute("SELECT id, document_id, kind, target, target_document_id, origin FROM relations"
                         " ORDER BY id").fetchall() == before
+
+    # T0 over the shared corpora: at most 30 tokens per entry on average (the local model's tokenizer; folder
+    # header lines count too)
+    proj = build_projections(conn, cfg)
+    assert proj.entries == sum(1 for _ in conn.execute("SELECT 1 FROM documents WHERE status = 'active'"))
+    assert 0 < proj.t0_tokens_per_entry <= 30, proj.t0_tokens_per_entry
+    t0 = (tmp_path / "kb" / "machine" / "index.dsl").read_text()
+    assert "## kb:peps/peps/\npep-0001.rst | adr | PEP 1 – PEP Purpose and Guidelines | = | Active\n" in t0
 
     # recall()'s view: PEP 386 is superseded by PEP 440
     d386 = conn.execute("SELECT id FROM documents WHERE source_key = 'peps' AND path = 'peps/pep-0386.rst'"

@@ -74,6 +74,24 @@ def path_field(e: Entry, name: str) -> str:
     return "=" if file == name else file
 
 
+def tag_index(entries: list[Entry], vocab: TagVocabulary) -> tuple[dict[str, list[Entry]], dict[str, set[int]]]:
+    """(canonical tag -> entries, tag outside the vocabulary as written (lowercased) -> document ids)."""
+    tagged: dict[str, list[Entry]] = defaultdict(list)
+    outside: dict[str, set[int]] = defaultdict(set)
+    for e in entries:
+        seen = set()
+        for t in e.tags:
+            canon = vocab.map(t)
+            if canon is None:
+                if str(t).strip():
+                    outside[str(t).strip().lower()].add(e.doc_id)
+                continue
+            if canon not in seen:
+                seen.add(canon)
+                tagged[canon].append(e)
+    return tagged, outside
+
+
 @dataclass
 class Rendered:
     files: dict[str, str] = field(default_factory=dict)
@@ -131,19 +149,7 @@ def render_all(entries: list[Entry], edges: list[Edge], vocab: TagVocabulary,
         out.files[f"{kind}.dsl"] = "\n".join(lines) + "\n"
 
     # ---- by-tag
-    tagged: dict[str, list[Entry]] = defaultdict(list)
-    outside: dict[str, set[int]] = defaultdict(set)
-    for e in entries:
-        seen = set()
-        for t in e.tags:
-            canon = vocab.map(t)
-            if canon is None:
-                if str(t).strip():
-                    outside[str(t).strip().lower()].add(e.doc_id)
-                continue
-            if canon not in seen:
-                seen.add(canon)
-                tagged[canon].append(e)
+    tagged, outside = tag_index(entries, vocab)
     files_for_tag: dict[str, list[str]] = defaultdict(list)
     for tag in sorted(tagged):
         files_for_tag[tag_file_name(tag)].append(tag)
