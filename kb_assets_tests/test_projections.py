@@ -35,7 +35,7 @@ def repo(tmp_path) -> Path:
     root = tmp_path / "repo"
     _write(root, "docs/adr/0001-use-rabbitmq.md", _adr(1, "Use RabbitMQ | for jobs", "Superseded by [ADR 2](0002-use-kafka.md)",
                                                    "queues, ops", "We will use RabbitMQ because it is what we run."))
-    _write(root, "docs/adr/0002-use-kafka.md", _adr(2, "Use Kafka for jobs", "Accepted", "MQ, streaming",
+    _write(root, "docs/adr/0002-use-kafka.md", _adr(2, "Use Kafka for jobs", "Approved", "MQ, streaming",
                                                  "We will use Kafka because replay matters to us."))
     _write(root, "docs/guide.md", "# Operator guide\n\nHow to run the workers; see [the decision](adr/0002-use-kafka.md)"
            " for why.\n\n" + FILLER)
@@ -89,8 +89,9 @@ def test_tier_files_from_a_real_index(tmp_path, repo, db_url, conn):
 
     t1 = (machine / "adr.dsl").read_text().splitlines()
     old = next(ln for ln in t1 if ln.startswith("kb:decisions/docs/adr/0001"))
-    assert " | Superseded (Superseded by ADR 2) → kb:decisions/docs/adr/0002-use-kafka.md | " in old
+    assert " | Superseded → kb:decisions/docs/adr/0002-use-kafka.md | " in old
     new = next(ln for ln in t1 if ln.startswith("kb:decisions/docs/adr/0002"))
+    assert " | Accepted (Approved) | " in new                      # the ADR's own word beside the normalised one
     use_when = new.rsplit(" | ", 1)[1]
     assert len(use_when) > 20 and use_when != "-" and not use_when.startswith("Use Kafka for jobs")
 
@@ -131,7 +132,7 @@ def test_unchanged_index_rewrites_nothing_and_changes_touch_only_their_files(tmp
 
     # the guide drops its link and the streaming tag goes: only the files that show them change
     _write(repo, "docs/guide.md", "# Operator guide\n\nHow to run the workers.\n\n" + FILLER)
-    _write(repo, "docs/adr/0002-use-kafka.md", _adr(2, "Use Kafka for jobs", "Accepted", "MQ",
+    _write(repo, "docs/adr/0002-use-kafka.md", _adr(2, "Use Kafka for jobs", "Approved", "MQ",
                                                     "We will use Kafka because replay matters to us."))
     runs = _index(cfg, conn)
     stats = runs["code"].extra["projections"]

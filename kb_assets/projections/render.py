@@ -56,7 +56,8 @@ def use_when(e: Entry) -> str:
 
 def status_text(e: Entry, *, raw: bool) -> str:
     s = field_text(e.status, 30)
-    if raw and e.status_raw and e.status_raw.strip().lower() != e.status.strip().lower():
+    # the document's own word beside the normalised one, unless it only repeats it ("Deprecated (no ADR)")
+    if raw and e.status_raw and e.status.strip().lower() not in e.status_raw.strip().lower():
         s = f"{s} ({field_text(e.status_raw, 40)})" if s else field_text(e.status_raw, 40)
     return s or "-"
 
@@ -107,7 +108,7 @@ def render_all(entries: list[Entry], edges: list[Edge], vocab: TagVocabulary,
     entries = sorted(entries, key=lambda e: e.id)
     listed = [e for e in entries if e.kind not in MAP_ONLY_KINDS]
     successors: dict[str, list[str]] = defaultdict(list)
-    for ed in edges:
+    for ed in sorted(edges, key=lambda ed: (ed.source, ed.kind, ed.target)):
         if ed.kind == "superseded_by" and ed.resolved and ed.target not in successors[ed.source]:
             successors[ed.source].append(ed.target)
 
