@@ -387,6 +387,29 @@ def cmd_mcp(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- projections (kb_assets/projections/commands.py)
+def cmd_tier(args) -> int:
+    from kb_assets.projections.commands import cmd_tier as run
+
+    return run(args, _load(args, need_sources=False))
+
+
+def cmd_tags(args) -> int:
+    from kb_assets.projections.commands import cmd_tags as run
+
+    cfg = _load(args, need_sources=False)
+    with _connect(cfg) as conn:
+        return run(args, cfg, conn)
+
+
+def cmd_related(args) -> int:
+    from kb_assets.projections.commands import cmd_related as run
+
+    cfg = _load(args, need_sources=False)
+    with _connect(cfg) as conn:
+        return run(args, cfg, conn)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kb", description="kb_assets: a knowledge layer for AI coding agents")
     sub = p.add_subparsers(dest="verb", required=True)
@@ -447,6 +470,18 @@ def build_parser() -> argparse.ArgumentParser:
     from kb_assets.serving.commands import add_parsers as add_serving_parsers
 
     add_serving_parsers(add)   # kb serve, kb token create|list|revoke
+
+    sp = add("tier", cmd_tier, "print a projection: 0 the index, 1 [TYPE] per type (code: the code maps), 3 relations")
+    sp.add_argument("tier", choices=["0", "1", "3"])
+    sp.add_argument("type", nargs="?", help="document type for tier 1 (adr, doc, ..., code)")
+
+    sp = add("tags", cmd_tags, "tags in use, their by-tag files, and tags outside the kb.yaml vocabulary")
+    sp.add_argument("--json", action="store_true")
+
+    sp = add("related", cmd_related, "relations of a document (supersedes, references, touches, ...)")
+    sp.add_argument("id", help="kb:<source>/<path>")
+    sp.add_argument("--depth", type=int, default=1, help="hops to follow (default 1)")
+    sp.add_argument("--json", action="store_true")
     return p
 
 

@@ -104,6 +104,13 @@ class ServeSettings(_Strict):
     pool_size: int = Field(8, ge=2, le=64)  # database connections of the server
 
 
+class TagSpec(_Strict):
+    """One tag of the governed vocabulary (`tags:` in kb.yaml), with the spellings that mean it."""
+
+    tag: str = Field(min_length=1, max_length=60)
+    aliases: list[str] = Field(default_factory=list)
+
+
 class SourceConfig(_Strict):
     key: str
     kind: Literal["adr", "doc", "session", "transcript", "readme", "agents_md", "memory", "work_item", "code"]
@@ -176,6 +183,16 @@ class KbConfig(_Strict):
     database_retry_seconds: float = Field(30.0, ge=0, le=3600)
     sources: list[SourceConfig] = Field(default_factory=list)
     serve: ServeSettings = Field(default_factory=ServeSettings)
+    # Projections (kb_assets/projections): where the tier files go (default data_dir/machine; relative to this
+    # file), and the governed tag vocabulary — a tag or {tag, aliases}; empty: every document tag is used.
+    projections_dir: str | None = None
+    tags: list[TagSpec] = Field(default_factory=list)
+
+    @field_validator("tags", mode="before")
+    @classmethod
+    def _tag_strings(cls, v: Any) -> Any:
+        # `- ops` is short for `- {tag: ops}`
+        return [{"tag": t} if isinstance(t, str) else t for t in v] if isinstance(v, list) else v
 
     # Filled in by load_config, not read from YAML.
     config_path: str = Field("<default>", exclude=True)
@@ -183,6 +200,12 @@ class KbConfig(_Strict):
 
     def data_path(self) -> Path:
         p = Path(self.data_dir)
+        return p if p.is_absolute() else Path(self.base_dir) / p
+
+    def projections_path(self) -> Path:
+        if self.projections_dir is None:
+            return self.data_path() / "machine"
+        p = Path(os.path.expanduser(self.projections_dir))
         return p if p.is_absolute() else Path(self.base_dir) / p
 
     def source_root(self, source: SourceConfig) -> Path:

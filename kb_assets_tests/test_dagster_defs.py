@@ -61,7 +61,7 @@ def test_definitions_load_with_partitions_per_source(project):
     job = defs.resolve_job_def("kb_index")
     assert set(job.partitions_def.get_partition_keys()) == {"decisions", "code"}
     keys = {k.to_user_string() for k in defs.resolve_all_asset_keys()}
-    assert {"kb_documents", "kb_chunks", "kb_embeddings", "kb_search_index", "kb_signposts"} <= keys
+    assert {"kb_documents", "kb_chunks", "kb_embeddings", "kb_search_index", "kb_signposts", "kb_projections"} <= keys
     assert defs.resolve_schedule_def("nightly_index") and defs.resolve_sensor_def("git_commit_sensor")
 
 
@@ -82,8 +82,13 @@ def test_materialize_a_partition_reports_metadata_and_checks_pass(project):
     assert search["vector_index_built"].value and search["space_activated"].value
     assert search["query_stats_refreshed"].value and search["space_missing"].value == 0
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
-    assert {"every_chunk_embedded", "no_orphans", "signpost_failure_rate", "recall_regression_set"} <= set(checks)
+    assert {"every_chunk_embedded", "no_orphans", "signpost_failure_rate", "recall_regression_set",
+            "tags_in_vocabulary"} <= set(checks)
     assert all(checks.values()), checks
+    proj = mats["kb_projections"]
+    assert proj["written"].value >= 3 and proj["entries"].value == 1
+    machine = Path(proj["directory"].value)
+    assert "0001-use-postgres.md | adr | Use PostgreSQL with pgvector | = | Accepted" in (machine / "index.dsl").read_text()
 
     again = job.execute_in_process(partition_key="decisions", instance=instance)
     mats2 = {m.asset_key.to_user_string(): m.metadata
@@ -93,6 +98,7 @@ def test_materialize_a_partition_reports_metadata_and_checks_pass(project):
     # nothing changed: no index build, no statistics refresh
     assert not mats2["kb_search_index"]["vector_index_built"].value
     assert not mats2["kb_search_index"]["query_stats_refreshed"].value
+    assert mats2["kb_projections"]["written"].value == 0            # unchanged index: no file rewritten
 
 
 def test_schedule_requests_one_run_per_source(project):

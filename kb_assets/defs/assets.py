@@ -208,9 +208,42 @@ def kb_signposts(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Materi
     return dg.MaterializeResult(metadata=meta)
 
 
+@dg.asset(
+    partitions_def=sources_partitions,
+    group_name=GROUP,
+    kinds={"python", "postgres"},
+    deps=[kb_signposts, kb_search_index],
+    description=("Tier files under data_dir/machine (setting projections_dir): T0 index.dsl, T1 <type>.dsl with "
+                 "\"use when\", by-tag/<tag>.dsl (governed tags), T3 relates.dsl and code/<source>.dsl; relations "
+                 "resolved first. Deterministic; unchanged files are not rewritten."),
+)
+def kb_projections(context: dg.AssetExecutionContext, kb: KbResource) -> dg.MaterializeResult:
+    from kb_assets.pipeline.projections import build_projections
+
+    with kb.connect() as conn:
+        stats = build_projections(conn, kb.config)
+        record_run(conn, context.partition_key, "projections", {"projections": {
+            k: v for k, v in stats.as_metadata().items() if k not in ("written", "removed")}})
+    rel = stats.relations
+    context.log.info(f"projections: {len(stats.written)} written, {stats.unchanged} unchanged, "
+                     f"{len(stats.removed)} removed in {stats.directory}")
+    return dg.MaterializeResult(metadata={
+        "directory": dg.MetadataValue.path(stats.directory), "files": stats.files,
+        "written": len(stats.written), "unchanged": stats.unchanged, "removed": len(stats.removed),
+        "written_files": dg.MetadataValue.json(stats.written[:50]), "entries": stats.entries,
+        "t0_tokens_per_entry": stats.t0_tokens_per_entry, "tags": stats.tags,
+        "tags_outside_vocabulary": len(stats.tags_outside_vocabulary),
+        "relations": rel.get("edges", 0), "relations_resolved": rel.get("resolved", 0),
+        "relations_unresolved": rel.get("unresolved", 0),
+        "relations_by_kind": dg.MetadataValue.json(rel.get("by_kind", {})),
+        "unresolved_by_kind": dg.MetadataValue.json(rel.get("unresolved_by_kind", {})),
+        "seconds": stats.seconds,
+    })
+
+
 kb_job = dg.define_asset_job(
     "kb_index",
     selection=dg.AssetSelection.groups(GROUP),
     partitions_def=sources_partitions,
-    description="Index one source: documents → chunks → embeddings → search index, and signposts.",
+    description="Index one source: documents → chunks → embeddings → search index, and signposts; then projections.",
 )

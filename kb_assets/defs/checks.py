@@ -2,7 +2,8 @@
 
 import dagster as dg
 
-from kb_assets.defs.assets import kb_chunks, kb_documents, kb_embeddings, kb_search_index, kb_signposts
+from kb_assets.defs.assets import (kb_chunks, kb_documents, kb_embeddings, kb_projections, kb_search_index,
+                                   kb_signposts)
 from kb_assets.defs.resources import KbResource
 from kb_assets.pipeline.embeddings import count_missing
 from kb_assets.store import spaces
@@ -166,3 +167,19 @@ def vector_keyword_parity(context: dg.AssetCheckExecutionContext, kb: KbResource
         metadata={"chunks": sum(r["chunks"] for r in rows), "without_vector": no_vec, "without_keywords": no_kw,
                   "sources": _md_table(rows, ["source", "active_space", "chunks", "without_vector",
                                               "without_keywords"])})
+
+
+@dg.asset_check(asset=kb_projections, description=(
+    "Every document tag is in the kb.yaml `tags:` vocabulary (or one of its aliases). Tags outside it get no "
+    "by-tag file: add them to the vocabulary (or as aliases) or fix the documents. Passes when no vocabulary is set."))
+def tags_in_vocabulary(kb: KbResource) -> dg.AssetCheckResult:
+    from kb_assets.projections.report import tags_report
+
+    with kb.connect() as conn:
+        report = tags_report(conn, kb.config)
+    outside = report["outside"]
+    return dg.AssetCheckResult(
+        passed=not outside, severity=dg.AssetCheckSeverity.WARN,
+        metadata={"governed": report["governed"], "vocabulary": len(report["vocabulary"]),
+                  "tags_used": len(report["tags"]), "outside": len(outside),
+                  "outside_tags": dg.MetadataValue.json(dict(list(outside.items())[:100]))})

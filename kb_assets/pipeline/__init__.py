@@ -1,4 +1,4 @@
-"""The indexing stages as plain functions (no Dagster): documents → chunks → embeddings → signposts.
+"""The indexing stages as plain functions (no Dagster): documents → chunks → embeddings → signposts → projections.
 
 `kb_assets/defs/` wraps each stage in an asset; benchmarks and tests may call `index_sources` directly.
 """
@@ -44,8 +44,12 @@ def run_embeddings_stage(conn, embedder, source_key: str | None, *, batch_rows: 
 
 
 def index_sources(cfg: KbConfig, conn, *, embedder, signposter=None, source_keys: list[str] | None = None,
-                  progress: Progress = null_progress, refresh_query: bool = True) -> dict[str, SourceRun]:
-    """Run every stage for the chosen sources in this process (what the Dagster assets do, in order)."""
+                  progress: Progress = null_progress, refresh_query: bool = True,
+                  projections: bool = False) -> dict[str, SourceRun]:
+    """Run every stage for the chosen sources in this process (what the Dagster assets do, in order).
+
+    `projections=True` also runs the projections stage once at the end (it writes files under
+    cfg.projections_path(), so it is opt-in here: evaluation and the regression set index scratch schemas)."""
     runs: dict[str, SourceRun] = {}
     for source in cfg.sources:
         if not source.enabled or (source_keys and source.key not in source_keys):
@@ -66,4 +70,10 @@ def index_sources(cfg: KbConfig, conn, *, embedder, signposter=None, source_keys
         runs[source.key] = SourceRun(docs, chunks, emb, search, sp, round(time.perf_counter() - started, 3))
         if search.query_stats_refreshed:
             runs[source.key].extra["query_stats"] = search.query_stats
+    if projections and runs:
+        from kb_assets.pipeline.projections import build_projections
+
+        stats = build_projections(conn, cfg)
+        for run in runs.values():
+            run.extra["projections"] = stats
     return runs

@@ -367,6 +367,11 @@ def _write(conn: psycopg.Connection, source_key: str, commit: str | None, rows: 
             for i, col in enumerate(_COLUMNS):
                 params[col] = [r[i] for r in rows]
             conn.execute(_UPSERT, params)
+            # The document's relations are part of its version: written in the same transaction.
+            from kb_assets.pipeline.relations import replace_document_edges
+
+            replace_document_edges(conn, source_key, [(r[0], r[1], r[8] if r[3] == "active" else None, r[9])
+                                                      for r in batch.rows])
 
 
 class _BatchWriter:

@@ -35,6 +35,7 @@ from datetime import date, datetime
 from typing import Any, Sequence
 
 from kb_assets.query.freshness import Freshness
+from kb_assets.query.relations import successors, successors_first
 from kb_assets.query.records import (
     PASSAGE_CHARS, Record, budget_signpost, cut_words, estimate_tokens, fallback_signpost, fit_record, squash,
 )
@@ -769,8 +770,15 @@ def recall(queries: str | Sequence[str], *, config=None, limit: int | None = Non
     search_s += time.perf_counter() - t0
 
     t0 = time.perf_counter()
+    # Superseded documents name their successors; a successor found too is placed above what it supersedes.
+    succ = _successors(conn, [h.doc_id for h, _ in chosen_docs])
+    chosen_docs = successors_first(chosen_docs, succ)
     fresh = Freshness()
     records = _fetch_records(conn, [h for h, _ in chosen_docs + chosen_code], fresh, include_passage)
+    for did, names in succ.items():
+        resolved = [name for target, name in names if target is not None]
+        if did in records and resolved:
+            records[did]["superseded_by"] = resolved[0]
     multi = len(qs) > 1
 
     def build(budget: int) -> tuple[list[Record], list[Record]]:
@@ -814,6 +822,15 @@ def recall(queries: str | Sequence[str], *, config=None, limit: int | None = Non
                       "fetch_ms": round(fetch_s * 1000, 2), "total_ms": round(total * 1000, 2),
                       "recall_ms": round((total - embed_s) * 1000, 2)}
     return result
+
+
+def _successors(conn, doc_ids: list[int]) -> dict[int, list[tuple[int | None, str]]]:
+    import psycopg
+
+    try:
+        return successors(conn, doc_ids)
+    except psycopg.errors.UndefinedTable:      # a database migrated before relations existed (011)
+        return {}
 
 
 def _union(lists: list[list[_DocHit]], limit: int) -> list[tuple[_DocHit, list[int]]]:
@@ -905,7 +922,8 @@ def _make_record(base: dict, h: _DocHit, section: str, qidx: list[int]) -> Recor
         id=base["id"], title=cut_words(base["title"], 120)[0], kind=base["kind"], source=base["source"],
         path=base["path"], score=h.score, status=status, created=created, updated=updated, signpost=signpost,
         indexed_commit=base["indexed_commit"], stale=base["stale"], queries=list(qidx),
-        passage=base.get("passage"), truncated=cut, section=section)
+        passage=base.get("passage"), truncated=cut, section=section,
+        superseded_by=base.get("superseded_by"))
     return rec
 
 

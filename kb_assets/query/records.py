@@ -112,6 +112,7 @@ class Record:
     truncated: bool = False
     section: str = "documents"                            # documents | code
     text: str = ""                                        # compact text, filled by fit_record
+    superseded_by: str | None = None                      # kb id (or reference) of the successor, if any
 
     def to_dict(self, query_texts: list[str] | None = None) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -124,6 +125,8 @@ class Record:
             d["queries"] = [query_texts[i] for i in self.queries]
         if self.passage is not None:
             d["passage"] = self.passage
+        if self.superseded_by:
+            d["superseded_by"] = self.superseded_by
         return d
 
 
@@ -141,6 +144,8 @@ def _header(rec: Record, rank: int, multi: bool) -> str:
     line = f"{rank}. {rec.id} [{' · '.join(bits)}] {rec.score:.2f}"
     if rec.stale:
         line += " STALE"
+    if rec.superseded_by:
+        line += f" → superseded by {rec.superseded_by}"
     if multi and rec.queries:
         line += " q" + ",".join(str(i + 1) for i in rec.queries)
     return line
