@@ -544,9 +544,38 @@ def score(run: dict[str, list[str]], qrels) -> dict[str, float]:
 
 # ------------------------------------------------------------------------------------------------ variants
 # Ranking variants evaluated side by side (--variants): name -> (Tuning fields, QuerySettings fields).
+BM25 = {"keyword_bm25": True}
 VARIANTS: dict[str, tuple[dict, dict]] = {
     "default": ({}, {}),
+    "decay0": ({"doc_decay": 0.0}, {}),
+    "bm25": (BM25, {}),
+    "bm25_title0.5": ({**BM25, "title_weight": 0.5}, {}),
+    "bm25_title1": ({**BM25, "title_weight": 1.0}, {}),
+    "bm25_b0.5": ({**BM25, "bm25_b": 0.5}, {}),
+    "bm25_k1.5": ({**BM25, "bm25_k1": 1.5}, {}),
+    "bm25_terms48": ({**BM25, "keyword_max_terms": 48, "keyword_postings": 12000, "keyword_max_df": 0.4}, {}),
+    "bm25_kw1.5": (BM25, {"keyword_weight": 1.5}),
+    "bm25_doc0.5": (BM25, {"document_weight": 0.5}),
+    "bm25_decay0": ({**BM25, "doc_decay": 0.0}, {}),
+    "bm25_rrf20": (BM25, {"rrf_k": 20}),
 }
+
+
+def leave_one_set_out(results: dict, dev_sets: list[str]) -> list[dict]:
+    """For each dev set: the variant with the best mean hybrid nDCG@10 on the OTHER dev sets (ties: the
+    earlier variant), and what it scores on the held-out set, beside the default's figure there."""
+    out = []
+    names = [n for n in VARIANTS if all(n in results[s].get("variants", {}) for s in dev_sets)]
+    for held in dev_sets:
+        others = [s for s in dev_sets if s != held]
+        best = max(names, key=lambda n: (sum(results[s]["variants"][n]["hybrid"]["ndcg@10"] for s in others)
+                                          / len(others), -names.index(n)))
+        out.append({"held_out": held, "chosen_on": others, "variant": best,
+                    "held_out_ndcg@10": results[held]["variants"][best]["hybrid"]["ndcg@10"],
+                    "held_out_recall@100": results[held]["variants"][best]["hybrid"]["recall@100"],
+                    "default_ndcg@10": results[held]["variants"]["default"]["hybrid"]["ndcg@10"],
+                    "baseline_ndcg@10": results[held]["baseline"]["hybrid"]["ndcg@10"]})
+    return out
 
 
 def with_settings(cfg, over: dict):
@@ -599,8 +628,10 @@ def evaluate_set(es: EvalSet, info: dict, model, *, variants: list[str] | None =
         for name in variants:
             tfields, sfields = VARIANTS[name]
             vcfg = with_settings(cfg, sfields)
-            runs = kb_runs(es, vcfg, conn, emb, queries, modes=("hybrid",), tuning=Tuning(**tfields), gate=False)
-            res["variants"][name] = score(runs["hybrid"], qrels)
+            runs = kb_runs(es, vcfg, conn, emb, queries, modes=("hybrid", "keyword"), tuning=Tuning(**tfields),
+                           gate=False)
+            res["variants"][name] = {m: score(run, qrels) for m, run in runs.items()}
+            res["variants"][name]["per_query_hybrid"] = _per_query(runs["hybrid"], qrels)
     conn.close()
     return res
 
@@ -681,14 +712,23 @@ def main() -> None:
         log(f"{s}: evaluating (load {load_avg()})")
         results[s] = evaluate_set(sets[s], infos[s], model, variants=variants)
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    # sets evaluated in earlier runs stay in the file (their index key says which build they measured)
+    prev = json.loads((OUT / "results.json").read_text()) if (OUT / "results.json").exists() else {}
+    (OUT / "results.json").write_text(json.dumps({**prev, **results}, indent=1, default=str))
     command = "python bench/quality.py" + (f" --sets {args.sets}" if args.sets != ap.get_default("sets") else "")
     text = (f"_{args.label}_\n\n" if args.label else "") + render(results, command)
     print(text)
     if variants:
         for s, r in results.items():
             for name, m in r["variants"].items():
-                print(s, name, json.dumps(m))
+                print(f"{s:14} {name:16} hybrid " + " ".join(f"{m['hybrid'][k]:.3f}" for k in METRICS)
+                      + "  keyword " + " ".join(f"{m['keyword'][k]:.3f}" for k in METRICS))
+        dev = [s for s in ("rust_rfcs", "code_history", "peps_whatsnew", "regression") if s in results]
+        if len(dev) >= 3:
+            loso = leave_one_set_out(results, dev)
+            (OUT / "loso.json").write_text(json.dumps(loso, indent=1))
+            for row in loso:
+                print("leave-one-set-out:", json.dumps(row))
     if args.doc:
         write_doc(text)
 
