@@ -558,6 +558,9 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "bm25_doc0.5": (BM25, {"document_weight": 0.5}),
     "bm25_decay0": ({**BM25, "doc_decay": 0.0}, {}),
     "bm25_rrf20": (BM25, {"rrf_k": 20}),
+    "bm25_open0.5": ({**BM25, "opening_weight": 0.5}, {}),
+    "bm25_open1": ({**BM25, "opening_weight": 1.0}, {}),
+    "open1": ({"opening_weight": 1.0}, {}),
 }
 
 

@@ -71,6 +71,9 @@ class Tuning:
     bm25_k1: float = 1.2
     bm25_b: float = 0.75
     title_weight: float = 0.0
+    # A fourth ranking in the fusion: each candidate document's opening (its first chunk: title, front
+    # matter, first window) against the query, weighted so (0: off). Scored for the candidates only.
+    opening_weight: float = 0.0
     # exact vector scan (instead of HNSW) when filters leave at most this many chunks
     exact_scan_chunks: int = 20000
     # Relevance gate (settings min_similarity / min_keyword_coverage): `gate=False` turns it off (evaluation),
@@ -355,6 +358,8 @@ class _DocHit:
     v_rank: int | None = None
     k_rank: int | None = None
     d_rank: int | None = None
+    o_sim: float | None = None                                   # similarity of the document's first chunk
+    o_rank: int | None = None
     score: float = 0.0
     coverage: float = 0.0        # share of the query's IDF mass that the best keyword chunk matches
 
@@ -559,6 +564,16 @@ class _Searcher:
                      idfs=[idf] * len(chosen))
         return p
 
+    def openings(self, hits: dict[int, "_DocHit"], qlit: str) -> None:
+        """Similarity of each candidate document's first chunk to the query (Tuning.opening_weight)."""
+        from psycopg import sql
+
+        q = sql.SQL("SELECT c.document_id, 1 - (e.embedding <=> %s::vector) FROM chunks c JOIN {t} e"
+                    " ON e.chunk_hash = c.chunk_hash WHERE c.document_id = ANY(%s) AND c.ordinal = 0"
+                    ).format(t=sql.Identifier(self.space[2]))
+        for did, sim in self.conn.execute(q, (qlit, list(hits))).fetchall():
+            hits[did].o_sim = float(sim)
+
     def search(self, items: list[tuple[str, str | None]], channels: list[str]) -> list[dict[str, list]]:
         """Candidates of every query in one pipelined transaction: {channel: rows} per query."""
         _, fparams = self.f.sql()
@@ -605,6 +620,7 @@ def _fuse(hits: dict[int, _DocHit], channels: list[str], settings, tuning: Tunin
         "vector": (lambda h: bool(h.vec), lambda h: h.v_score, "v_rank", settings.vector_weight),
         "document": (lambda h: h.d_sim is not None, lambda h: h.d_sim or 0.0, "d_rank", settings.document_weight),
         "keyword": (lambda h: bool(h.kw), lambda h: h.k_score, "k_rank", settings.keyword_weight),
+        "opening": (lambda h: h.o_sim is not None, lambda h: h.o_sim or 0.0, "o_rank", tuning.opening_weight),
     }
     active = [c for c in channels if spec[c][3] > 0] or channels
     for c in active:
@@ -768,7 +784,11 @@ def recall(queries: str | Sequence[str], *, config=None, limit: int | None = Non
             stats["keyword_terms"] = int(rows[0][6]) if rows else 0
             stats["keyword_chunks"] = len(rows)
             stats["keyword_docs"] = len({r[1] for r in rows})
-        ranked = _fuse(hits, [c for c in channels if c in rows_by_channel], settings, tuning)
+        used = [c for c in channels if c in rows_by_channel]
+        if tuning.opening_weight > 0 and "vector" in used and hits:
+            searcher.openings(hits, items[len(per_query)][1])
+            used.append("opening")
+        ranked = _fuse(hits, used, settings, tuning)
         stats["distinct_docs"] = len(ranked)
         result.candidates.setdefault("per_query", []).append(stats)
         per_query.append(ranked)
