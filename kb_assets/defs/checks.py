@@ -69,13 +69,13 @@ def recall_regression_set(kb: KbResource) -> dg.AssetCheckResult:
     from kb_assets.pipeline import index_sources
     from kb_assets.query.regression import run_regression, source_config
     from kb_assets.signposts.extractive import ExtractiveSignposter
-    from kb_assets.store.db import connect, migrate
+    from kb_assets.store.db import connect, migrate, use_schema
 
     cfg = kb.config.model_copy(update={"sources": [SourceConfig(**source_config())]})
     embedder = kb.embedder()
     with connect(kb.database_url(), register=False) as conn:
-        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {REGRESSION_SCHEMA}")
-        conn.execute(f"SET search_path TO {REGRESSION_SCHEMA}, public")
+        # its own schema, then only the vector extension's: what it creates and reads stays in its schema
+        use_schema(conn, REGRESSION_SCHEMA)
         migrate(conn)
         from pgvector.psycopg import register_vector
 

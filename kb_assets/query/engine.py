@@ -478,9 +478,12 @@ class _Searcher:
                  " WHERE d.status = 'active'" + fsql + " LIMIT %(lim)s) x)") if (self.f.any_sql and need_vectors) \
             else "NULL::bigint"
         row = self.conn.execute(
-            "SELECT s.model, s.dimension, s.table_name, to_regclass(quote_ident(left(s.table_name || '_docs', 63)))"
+            # relations of the connection's own schema only (never one further down its search_path)
+            "SELECT s.model, s.dimension, s.table_name,"
+            " to_regclass(quote_ident(current_schema()) || '.' || quote_ident(left(s.table_name || '_docs', 63)))"
             " IS NOT NULL, (SELECT n_chunks FROM query_stats WHERE id = 1),"
-            " to_regclass(quote_ident(left(s.table_name || '_hnsw', 63))) IS NOT NULL,"
+            " to_regclass(quote_ident(current_schema()) || '.' || quote_ident(left(s.table_name || '_hnsw', 63)))"
+            " IS NOT NULL,"
             " (SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'chunks'::regclass), " + count +
             " FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT model, dimension, table_name FROM embedding_spaces"
             " WHERE activated_at IS NOT NULL ORDER BY activated_at DESC LIMIT 1) s ON true",

@@ -136,7 +136,10 @@ def _chunks_full(conn, old_watermark: int | None, n_chunks: int | None = None) -
     n_lex = conn.execute(
         "INSERT INTO lexeme_stats (lexeme, ndoc) SELECT word, ndoc FROM ts_stat('SELECT tsv FROM chunks')").rowcount
     # bulk insert, then build the indexes (sorted builds: faster than 40K index inserts)
-    conn.execute("DROP INDEX IF EXISTS chunk_texts_text_idx, chunk_texts_document_idx")
+    from kb_assets.store.spaces import own
+
+    conn.execute(sql.SQL("DROP INDEX IF EXISTS {}, {}").format(own(conn, "chunk_texts_text_idx"),
+                                                               own(conn, "chunk_texts_document_idx")))
     conn.execute("INSERT INTO chunk_texts (text_md5, document_id, n)"
                  " SELECT md5(text)::uuid, document_id, count(*) FROM chunks GROUP BY 1, 2")
     conn.execute("CREATE UNIQUE INDEX chunk_texts_text_idx ON chunk_texts (text_md5, document_id)")
@@ -233,6 +236,11 @@ def _documents_with(conn, texts: set[str]) -> set[int]:
 
 # ---- document vectors ----------------------------------------------------------------------------------------
 
+# A relation of the connection's own schema (the first of its search_path that exists), never a same-named one
+# further down the path: the regression check's schema sits in front of another index's tables.
+_OWN = "to_regclass(quote_ident(current_schema()) || '.' || quote_ident({}))"
+
+
 def _doc_index(doc_table: str) -> str:
     return doc_table[:58] + "_hnsw"
 
@@ -242,17 +250,17 @@ def _prepare_space(conn, space_table: str, dim: int) -> bool:
     when the table was created now. Its own short transaction, before the refresh takes its lock."""
     doc = doc_vector_table(space_table)
     exists, fk, trig = conn.execute(
-        "SELECT to_regclass(quote_ident(%(d)s)) IS NOT NULL,"
-        " (SELECT conname FROM pg_constraint WHERE conrelid = to_regclass(quote_ident(%(d)s)) AND contype = 'f'"
+        "SELECT " + _OWN.format("%(d)s") + " IS NOT NULL,"
+        " (SELECT conname FROM pg_constraint WHERE conrelid = " + _OWN.format("%(d)s") + " AND contype = 'f'"
         "  LIMIT 1),"
-        " EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass(quote_ident(%(e)s))"
+        " EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = " + _OWN.format("%(e)s") +
         "  AND tgname = 'kb_vectors_deleted')", {"d": doc, "e": space_table}).fetchone()
     if exists and fk is None and trig:
         return False
     t, e = sql.Identifier(doc), sql.Identifier(space_table)
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (PREPARE_LOCK_ID,))
-        created = conn.execute("SELECT to_regclass(quote_ident(%s)) IS NULL", (doc,)).fetchone()[0]
+        created = conn.execute("SELECT " + _OWN.format("%s") + " IS NULL", (doc,)).fetchone()[0]
         if created:
             conn.execute(sql.SQL(
                 "CREATE TABLE {t} (document_id bigint PRIMARY KEY, content_hash text, n_chunks int NOT NULL,"
@@ -261,7 +269,7 @@ def _prepare_space(conn, space_table: str, dim: int) -> bool:
             # a table made before migration 004: drop its foreign key (documents first, as writers lock them)
             conn.execute("LOCK TABLE documents IN SHARE ROW EXCLUSIVE MODE")
             conn.execute(sql.SQL("ALTER TABLE {t} DROP CONSTRAINT IF EXISTS {c}").format(t=t, c=sql.Identifier(fk)))
-        if not conn.execute("SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass(quote_ident(%s))"
+        if not conn.execute("SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = " + _OWN.format("%s") +
                             " AND tgname = 'kb_vectors_deleted')", (space_table,)).fetchone()[0]:
             conn.execute(sql.SQL(
                 "CREATE TRIGGER kb_vectors_deleted AFTER DELETE ON {e} REFERENCING OLD TABLE AS old_rows"
@@ -299,11 +307,13 @@ def refresh_document_vectors(conn, space_table: str, dim: int, *, changed: set[i
     e = sql.Identifier(space_table)
     index = _doc_index(doc_vector_table(space_table))
     empty, build_index = conn.execute(sql.SQL("SELECT NOT EXISTS (SELECT 1 FROM {t}),"
-                                              " to_regclass(quote_ident(%s)) IS NULL").format(t=t),
+                                              " " + _OWN.format("%s") + " IS NULL").format(t=t),
                                       (index,)).fetchone()   # a missing index is built after the commit
     if changed is None and empty:
         # first build: bulk insert, then build the HNSW index once (much faster than row by row)
-        conn.execute(sql.SQL("DROP INDEX IF EXISTS {i}").format(i=sql.Identifier(index)))
+        from kb_assets.store.spaces import own
+
+        conn.execute(sql.SQL("DROP INDEX IF EXISTS {i}").format(i=own(conn, index)))
         conn.execute("TRUNCATE doc_vector_pending")
         conn.execute("DELETE FROM vector_deletes")   # every space's: another space starts from scratch too
         # the aggregate's state is ~3 KB per document: without room it spills to disk (~2x slower)

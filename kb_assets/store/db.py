@@ -80,6 +80,23 @@ def connect(url: str, *, register: bool = True, autocommit: bool = True, **kwarg
     return conn
 
 
+def vector_schema(conn: psycopg.Connection) -> str | None:
+    """The schema the `vector` extension lives in (its type and operators), None before it is installed."""
+    row = conn.execute("SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'vector'").fetchone()
+    return row[0] if row else None
+
+
+def use_schema(conn: psycopg.Connection, schema: str) -> None:
+    """Point the session at `schema` (created if missing), then the vector extension's schema and nothing else:
+    unqualified names resolve in `schema` first, and no other schema of kb's is ever on the path."""
+    from psycopg import sql
+
+    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+    path = [schema] + [s for s in [vector_schema(conn)] if s and s != schema]
+    conn.execute("SELECT set_config('search_path', %s, false)",
+                 (", ".join(sql.Identifier(s).as_string(conn) for s in path),))
+
+
 def _migrations() -> list[tuple[int, str, str]]:
     folder = resources.files("kb_assets.store") / "migrations"
     found = []

@@ -47,13 +47,20 @@ def ensure_space(conn: psycopg.Connection, model: str, dim: int) -> str:
     return table
 
 
+def own(conn: psycopg.Connection, name: str) -> sql.Identifier:
+    """`name` qualified with the connection's own schema (the first of its search_path that exists): a DROP or
+    an existence check must never reach a same-named object of a schema further down the search_path."""
+    return sql.Identifier(conn.execute("SELECT current_schema()").fetchone()[0], name)
+
+
 def vector_index_name(table: str) -> str:
     return f"{table}_hnsw"[:63]
 
 
 def has_vector_index(conn: psycopg.Connection, table: str) -> bool:
-    return conn.execute("SELECT to_regclass(%s) IS NOT NULL",
-                        (sql.Identifier(vector_index_name(table)).as_string(conn),)).fetchone()[0]
+    # qualified: a connection whose search_path goes on to another schema never sees that schema's index
+    return conn.execute("SELECT to_regclass(quote_ident(current_schema()) || '.' || quote_ident(%s)) IS NOT NULL",
+                        (vector_index_name(table),)).fetchone()[0]
 
 
 def ensure_vector_index(conn: psycopg.Connection, table: str) -> bool:
@@ -74,7 +81,7 @@ def drop_vector_index(conn: psycopg.Connection, table: str) -> bool:
     """Drop the HNSW index before a large load (rebuilt by the search-index stage); True if it existed."""
     if not has_vector_index(conn, table):
         return False
-    conn.execute(sql.SQL("DROP INDEX IF EXISTS {i}").format(i=sql.Identifier(vector_index_name(table))))
+    conn.execute(sql.SQL("DROP INDEX IF EXISTS {i}").format(i=own(conn, vector_index_name(table))))
     return True
 
 
