@@ -1,5 +1,6 @@
 """recall() quality through the real entry points, beside a plain baseline computed in the same run.
 
+    pip install -e '.[bench]'                    # bm25s + PyStemmer for the baseline
     python bench/quality.py                      # build (or reuse) every set's index with `kb index`, evaluate,
                                                  # print the tables and write bench/out/quality/results.json
     python bench/quality.py --sets rust_rfcs,code_history --doc   # … and rewrite docs/QUALITY.md's figures
@@ -308,10 +309,14 @@ def _seed(es: EvalSet, cfg_path: Path) -> int:
         return 0
     with connect(open_database(cfg)) as conn:
         table = ensure_space(conn, emb.model, emb.dimension)
-        with conn.cursor().copy(f'COPY "{table}" (chunk_hash, embedding) FROM STDIN') as cp:
-            for k, v in zip(z["keys"].tolist(), z["vecs"]):
-                cp.write_row((k, "[" + ",".join(f"{x:.8g}" for x in v.tolist()) + "]"))
-    return len(z["keys"])
+        with conn.transaction():
+            conn.execute("CREATE TEMP TABLE seed (chunk_hash text, embedding text) ON COMMIT DROP")
+            with conn.cursor().copy("COPY seed (chunk_hash, embedding) FROM STDIN") as cp:
+                for k, v in zip(z["keys"].tolist(), z["vecs"]):
+                    cp.write_row((k, "[" + ",".join(f"{x:.8g}" for x in v.tolist()) + "]"))
+            n = conn.execute(f'INSERT INTO "{table}" (chunk_hash, embedding) SELECT chunk_hash, embedding::vector'
+                             " FROM seed ON CONFLICT (chunk_hash) DO NOTHING").rowcount
+    return n
 
 
 def build_index(es: EvalSet, *, seed: bool = True, force: bool = False) -> dict:
@@ -328,20 +333,27 @@ def build_index(es: EvalSet, *, seed: bool = True, force: bool = False) -> dict:
         shutil.rmtree(work)
     work.mkdir(parents=True)
     cfg_path = write_config(es, work)
-    seeded = _seed(es, cfg_path) if seed else 0
-    _stop_server(work / "data")
-    log(f"{es.name}: kb index (key {key}, {seeded} vectors seeded, load {load_avg()})")
-    t0 = time.time()
+    seconds, seeded, sources = 0.0, 0, []
+    # One `kb index --source` per source, seeding before each: indexing a source removes vectors no chunk
+    # uses yet (orphans), which would drop the seed of the sources still to come.
     with tempfile.TemporaryDirectory(prefix="kb-quality-dh-") as dh:
-        env = _env()
-        env["DAGSTER_HOME"] = dh
-        proc = subprocess.run([str(Path(sys.executable).with_name("kb")), "index", "--config", str(cfg_path), "--json"],
-                              cwd=work, env=env, capture_output=True, text=True)
-    seconds = time.time() - t0
-    (work / "index.log").write_text(proc.stdout + "\n--- stderr\n" + proc.stderr)
-    if proc.returncode != 0:
-        sys.exit(f"quality: `kb index` failed for {es.name} (exit {proc.returncode}); see {work / 'index.log'}")
-    summary = json.loads(proc.stdout[proc.stdout.index("{"):])
+        for src in es.sources:
+            n = _seed(es, cfg_path) if seed else 0
+            seeded = max(seeded, n)
+            _stop_server(work / "data")
+            log(f"{es.name}: kb index --source {src.key} (key {key}, {n} vectors seeded, load {load_avg()})")
+            env = _env()
+            env["DAGSTER_HOME"] = dh
+            t0 = time.time()
+            proc = subprocess.run([str(Path(sys.executable).with_name("kb")), "index", "--config", str(cfg_path),
+                                   "--source", src.key, "--json"], cwd=work, env=env, capture_output=True, text=True)
+            seconds += time.time() - t0
+            with open(work / "index.log", "a") as fh:
+                fh.write(proc.stdout + "\n--- stderr\n" + proc.stderr)
+            if proc.returncode != 0:
+                sys.exit(f"quality: `kb index` failed for {es.name} (exit {proc.returncode}); see {work / 'index.log'}")
+            sources += json.loads(proc.stdout[proc.stdout.index("{"):]).get("sources") or []
+    summary = {"sources": sources}
     dumped = _dump_seed(es, cfg_path)
     info = {"set": es.name, "key": key, "config": str(cfg_path), "seconds": round(seconds, 1),
             "load_avg_after": load_avg(), "seeded_vectors": seeded, "vectors": dumped,
