@@ -134,19 +134,32 @@ def _pep_qrels() -> dict[str, dict[str, int]]:
             for q, rel in _qrels(EVAL / "peps_whatsnew" / "qrels" / "test.tsv").items()}
 
 
-def pep_subset(every: int = 4) -> list[str]:
-    """Every PEP a query is judged against, plus every `every`-th other PEP (by number) as distractors.
-
-    The full 736-PEP index (~17.8K chunks) costs 25+ minutes of the shared CPU; this subset keeps every qrel'd
-    document and a fixed, documented share of the rest, so figures are comparable run to run (not with the
-    full-corpus figures of bench/eval_peps.py: fewer distractors make the set easier)."""
-    judged = {d for rel in _pep_qrels().values() for d in rel}
-    tars = sorted(glob.glob(str(CORPORA / "python-peps-*.tar.gz")))
+def judged_subset(tar_glob: str, pattern: str, judged: set[str], every: int) -> list[str]:
+    """Every document a query is judged against, plus every `every`-th other one (by path) as distractors."""
+    tars = sorted(glob.glob(str(CORPORA / tar_glob)))
     with tarfile.open(tars[0]) as tf:
-        names = sorted({m.name.split("/", 1)[1] for m in tf.getmembers()
-                        if re.search(r"/peps/pep-\d+\.rst$", m.name)})
+        names = sorted({m.name.split("/", 1)[1] for m in tf.getmembers() if m.isfile() and re.search(pattern, m.name)})
     others = [n for n in names if n not in judged]
     return sorted(judged & set(names)) + others[::every]
+
+
+RFC_EVERY = 5     # rust_rfcs: the 86 judged RFCs + every 5th other one (the full 648 are ~17.5K chunks)
+PEP_EVERY = 10    # peps_whatsnew: the 204 judged PEPs + every 10th other one
+
+
+def rfc_subset(every: int = RFC_EVERY) -> list[str]:
+    judged = {d for rel in _qrels(EVAL / "rust_rfcs" / "qrels" / "test.tsv").values() for d in rel}
+    return judged_subset("rust-rfcs-*.tar.gz", r"/text/.*\.md$", judged, every)
+
+
+def pep_subset(every: int = PEP_EVERY) -> list[str]:
+    """Every PEP a query is judged against, plus every `every`-th other PEP (by number) as distractors.
+
+    The full 736-PEP index (~17.8K chunks) costs 25+ minutes of quiet CPU (an hour on the shared one); this
+    subset keeps every qrel'd document and a fixed, documented share of the rest, so figures are comparable
+    run to run (not with the full-corpus figures of bench/eval_peps.py: fewer distractors make it easier)."""
+    judged = {d for rel in _pep_qrels().values() for d in rel}
+    return judged_subset("python-peps-*.tar.gz", r"/peps/pep-\d+\.rst$", judged, every)
 
 
 def _regression_queries() -> list[dict]:
@@ -163,7 +176,8 @@ def _regression_qrels() -> dict[str, dict[str, int]]:
 def make_sets() -> dict[str, EvalSet]:
     from kb_assets.query.regression import CORPUS_DIR, EXCLUDE, INCLUDE
     return {
-        "rust_rfcs": EvalSet("rust_rfcs", [Source("rfcs", "adr", "rust-rfcs-*.tar.gz", ["text/**/*.md"])],
+        "rust_rfcs": EvalSet("rust_rfcs", [Source("rfcs", "adr", "rust-rfcs-*.tar.gz", ["text/**/*.md"],
+                                                         only=rfc_subset())],
                              _rfc_queries, lambda: _qrels(EVAL / "rust_rfcs" / "qrels" / "test.tsv")),
         "code_history": EvalSet("code_history", [
             Source("click", "code", "code-pallets+click-*.tar.gz", ["**/*.py"], []),
@@ -205,6 +219,11 @@ def _tarball(pattern: str) -> Path:
     return Path(tars[0])
 
 
+def corpus_dir(es: EvalSet, s: Source) -> Path:
+    tag = ("-" + hashlib.sha256("\n".join(s.only).encode()).hexdigest()[:8]) if s.only else ""
+    return OUT / "corpora" / f"{es.name}-{s.key}{tag}"
+
+
 def _unpack(src: Source, dest: Path) -> Path:
     """Unpack a corpus tarball (its one top folder stripped) into dest; `only` limits the files."""
     if (dest / ".complete").exists():
@@ -244,7 +263,7 @@ def set_key(es: EvalSet) -> str:
 def write_config(es: EvalSet, work: Path) -> Path:
     lines = ["data_dir: data", "embedder: local", "signposter: extractive", "sources:"]
     for s in es.sources:
-        root = Path(s.root) if s.root else _unpack(s, OUT / "corpora" / f"{es.name}-{s.key}")
+        root = Path(s.root) if s.root else _unpack(s, corpus_dir(es, s))
         lines += [f"  - key: {s.key}", f"    kind: {s.kind}", f"    root: {json.dumps(str(root))}",
                   f"    include: {json.dumps(s.include)}", f"    exclude: {json.dumps(s.exclude)}"]
         if s.auto_kind:
@@ -399,7 +418,7 @@ def corpus_docs(es: EvalSet) -> dict[str, list[tuple[str, str, str]]]:
 
     out: dict[str, list[tuple[str, str, str]]] = {}
     for s in es.sources:
-        root = Path(s.root) if s.root else _unpack(s, OUT / "corpora" / f"{es.name}-{s.key}")
+        root = Path(s.root) if s.root else _unpack(s, corpus_dir(es, s))
         docs = []
         for f in sorted(root.rglob("*")):
             if not f.is_file():
