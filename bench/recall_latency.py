@@ -165,7 +165,9 @@ class PreparedEmbedder:
         return self.vectors[text]
 
 
-def measure(conn, queries, runs: int, config=None) -> dict:
+def measure(conn, queries, runs: int, config=None, tuning=None) -> dict:
+    from dataclasses import replace
+
     from kb_assets.query import Tuning, recall
     from kb_assets.store.spaces import active_space
 
@@ -195,7 +197,7 @@ def measure(conn, queries, runs: int, config=None) -> dict:
 
     # warm the caches once (shared buffers, HNSW pages)
     for q, v, _ in queries[:20]:
-        recall(q, conn=conn, embedder=emb, config=config)
+        recall(q, conn=conn, embedder=emb, config=config, tuning=tuning)
     res["HNSW ef_search 500, LIMIT 500 chunks (literal wide window)"] = window(500, 500)
     res["HNSW ef_search 200, LIMIT 200 chunks"] = window(200, 200)
 
@@ -212,7 +214,7 @@ def measure(conn, queries, runs: int, config=None) -> dict:
     lat, lat_search, distinct, cand_recall, returned, short_lat, long_lat = [], [], [], [], [], [], []
     for r_i in range(runs):
         for i, (q, v, target) in enumerate(queries):
-            r = recall(q, conn=conn, embedder=emb, ranked_ids=False, config=config)
+            r = recall(q, conn=conn, embedder=emb, ranked_ids=False, config=config, tuning=tuning)
             lat.append(r.timings["recall_ms"])
             lat_search.append(r.timings["search_ms"])
             (short_lat if len(q.split()) < 20 else long_lat).append(r.timings["recall_ms"])
@@ -222,7 +224,7 @@ def measure(conn, queries, runs: int, config=None) -> dict:
     # candidate recall of the exact top-20 (one extra pass with ids)
     for q, v, target in queries:
         r = recall(q, conn=conn, embedder=emb, ranked_ids=True, min_score=0.0, config=config,
-                   tuning=Tuning(gate=False))
+                   tuning=replace(tuning or Tuning(), gate=False))
         cands = {i for i, _ in r.ranked[0]}
         cand_recall.append(len(exact[q] & cands) / len(exact[q]))
     res["recall() hybrid, end to end excluding embedding"] = {
@@ -279,6 +281,8 @@ def main() -> None:
     ap.add_argument("--long", type=int, default=50)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--write-doc", action="store_true")
+    ap.add_argument("--compare", metavar="JSON", help='also measure recall() with these Tuning fields, in the same '
+                    'run (before/after of a ranking change), e.g. \'{"keyword_bm25": false}\'')
     ap.add_argument("--real", metavar="KB_YAML", help="measure an existing index instead (real vectors and texts), "
                     "e.g. the PEP index of bench/eval_peps.py: /tmp/kb-eval-peps/pipeline/kb.yaml")
     args = ap.parse_args()
@@ -304,6 +308,10 @@ def main() -> None:
     queries = make_queries(conn, args.short, args.long)
     load_before = os.getloadavg()
     res = measure(conn, queries, args.runs)
+    if args.compare:
+        from kb_assets.query import Tuning
+        other = measure(conn, queries, args.runs, tuning=Tuning(**json.loads(args.compare)))
+        res[f"recall() hybrid with {args.compare}"] = other["recall() hybrid, end to end excluding embedding"]
     load_after = os.getloadavg()
     lines = [f"{'approach':58s} {'p50 ms':>7s} {'p95 ms':>7s} {'distinct docs mean/min':>24s}"]
     for name, r in res.items():

@@ -64,6 +64,17 @@ class Tuning:
     doc_decay: float = 0.3             # next-best chunks add decay^i × their score (0: best chunk only)
     boilerplate_docs: int = 8          # a chunk text found in more documents than this is ignored (= stats.BOILERPLATE_DOCS)
     fusion: str = "rrf"                # rrf | convex
+    # Keyword channel scored as document-level BM25 (True) over the selected lexemes' postings: a document's
+    # term frequency is the number of its chunks holding the term (saturating with bm25_k1), its length the
+    # bytes of its text against the mean (bm25_b), IDF over documents; plus title_weight × the IDF of the
+    # query lexemes in its title (or path, split on / _ . and camelCase). False: the chunk-level IDF sum.
+    keyword_bm25: bool = False
+    bm25_k1: float = 1.2
+    bm25_b: float = 0.75
+    title_weight: float = 0.0
+    # A fourth ranking in the fusion: each candidate document's opening (its first chunk: title, front
+    # matter, first window) against the query, weighted so (0: off). Scored for the candidates only.
+    opening_weight: float = 0.0
     # exact vector scan (instead of HNSW) when filters leave at most this many chunks
     exact_scan_chunks: int = 20000
     # Relevance gate (settings min_similarity / min_keyword_coverage): `gate=False` turns it off (evaluation),
@@ -355,6 +366,8 @@ class _DocHit:
     v_rank: int | None = None
     k_rank: int | None = None
     d_rank: int | None = None
+    o_sim: float | None = None                                   # similarity of the document's first chunk
+    o_rank: int | None = None
     score: float = 0.0
     coverage: float = 0.0        # share of the query's IDF mass that the best keyword chunk matches
 
@@ -402,15 +415,51 @@ _KEYWORD_SQL = (
     " allw AS (SELECT lexeme, df, ln(1 + (%(n)s - df + 0.5) / (df + 0.5)) AS idf,"
     " sum(df) OVER (ORDER BY df, lexeme) AS cum, row_number() OVER (ORDER BY df, lexeme) AS rn FROM q),"
     " sel AS (SELECT (chr(39) || replace(replace(lexeme, chr(92), chr(92) || chr(92)), chr(39), chr(39) || chr(39))"
-    " || chr(39))::tsquery AS tq, idf"
+    " || chr(39))::tsquery AS tq, idf, lexeme"
     " FROM allw WHERE df <= %(max_df)s AND (rn = 1 OR cum <= %(postings)s) AND rn <= %(max_terms)s),"
     + _KEYWORD_TAIL)
+
+# Document-level BM25 over the same postings (Tuning.keyword_bm25). One row per document: its best chunk
+# (most query IDF mass, for the passage and the coverage gate), its score.
+_KEYWORD_BM25_TAIL = (
+    " m AS (SELECT c.id, c.document_id, sel.lexeme, sel.idf"
+    " FROM sel CROSS JOIN LATERAL (SELECT id, document_id FROM chunks WHERE tsv @@ sel.tq) c),"
+    " ch AS (SELECT id, document_id, sum(idf) AS cov FROM m GROUP BY id, document_id),"
+    " dt AS (SELECT document_id, lexeme, count(*)::float8 AS tf FROM m GROUP BY document_id, lexeme),"
+    " ddf AS (SELECT lexeme, count(*)::float8 AS ndf FROM dt GROUP BY lexeme),"
+    " ds AS (SELECT dt.document_id, sum(ln(1 + (%(ndocs)s - ddf.ndf + 0.5) / (ddf.ndf + 0.5))"
+    "  * dt.tf * (%(k1)s + 1) / (dt.tf + %(k1)s * (1 - %(b)s + %(b)s * octet_length(d.text) / %(avgdl)s))) AS s"
+    "  FROM dt JOIN ddf USING (lexeme) JOIN documents d ON d.id = dt.document_id WHERE d.status = 'active'{filter}"
+    "  GROUP BY dt.document_id),"
+    " best AS (SELECT DISTINCT ON (document_id) document_id, id, cov FROM ch ORDER BY document_id, cov DESC, id),"
+    " top AS (SELECT ds.document_id, ds.s FROM ds ORDER BY ds.s DESC, ds.document_id LIMIT %(kw_window)s)"
+    " SELECT best.id, top.document_id, d.kind, top.s + %(title_w)s * coalesce((SELECT sum(a.idf) FROM allw a"
+    "  WHERE a.lexeme = ANY(tsvector_to_array(to_tsvector('english', regexp_replace(regexp_replace("
+    "  coalesce(d.title, ''), '([a-z])([A-Z])', '\\1 \\2', 'g'), '[/_.-]+', ' ', 'g'))))), 0),"
+    " best.cov, (SELECT sum(idf) FROM allw), (SELECT count(*) FROM sel)"
+    " FROM top JOIN best USING (document_id) JOIN documents d ON d.id = top.document_id ORDER BY 4 DESC, 2")
 
 # Without statistics (never refreshed): the lexemes chosen in Python, all counted as equally rare.
 _KEYWORD_SQL_NOSTATS = (
     "WITH allw AS (SELECT unnest(%(all_idf)s::float8[]) AS idf),"
     " sel AS (SELECT tq, idf FROM unnest(%(tqs)s::tsquery[], %(idfs)s::float8[]) AS t(tq, idf)),"
     + _KEYWORD_TAIL)
+
+
+_doc_lengths: dict[tuple, tuple[int, float]] = {}
+
+
+def _document_lengths(conn) -> tuple[int, float]:
+    """(active documents, their mean text bytes) for BM25, cached per database until the next statistics
+    refresh (octet_length reads the stored size: no detoasting)."""
+    key = (conn.info.dsn, conn.execute("SELECT refreshed_at FROM query_stats WHERE id = 1").fetchone())
+    got = _doc_lengths.get(key)
+    if got is None:
+        n, avg = conn.execute("SELECT count(*), avg(octet_length(text)) FROM documents WHERE status = 'active'").fetchone()
+        got = (max(1, int(n or 0)), float(avg or 1.0) or 1.0)
+        with _cache_lock:
+            _doc_lengths[key] = got
+    return got
 
 
 class _Searcher:
@@ -428,6 +477,8 @@ class _Searcher:
         self.have_stats = False
         self.exact = False
         self.has_vector_index = True
+        self.n_docs = 1
+        self.avg_doc_bytes = 1.0
 
     def prepare(self, need_vectors: bool) -> None:
         fsql, fparams = self.f.sql()
@@ -456,6 +507,8 @@ class _Searcher:
         # Filters that leave few chunks: an exact scan over them returns the full window (HNSW in
         # pgvector < 0.8 returns at most ef_search rows *before* filtering).
         self.exact = n_filtered is not None and n_filtered <= self.t.exact_scan_chunks
+        if self.t.keyword_bm25:
+            self.n_docs, self.avg_doc_bytes = _document_lengths(self.conn)
 
     # ---- SQL per channel
     def vector_sql(self):
@@ -494,6 +547,8 @@ class _Searcher:
     def keyword_sql(self) -> str:
         fsql, _ = self.f.sql()
         base = _KEYWORD_SQL if self.have_stats else _KEYWORD_SQL_NOSTATS
+        if self.t.keyword_bm25 and self.have_stats:
+            return base.replace(_KEYWORD_TAIL, _KEYWORD_BM25_TAIL).replace("{filter}", fsql)
         if not self.t.keyword_tf:   # no ts_rank: the chunk's tsvector is never read (no detoasting)
             base = base.replace("ts_rank(%(wts)s::float4[], c.tsv, sel.tq)", "(0.3 + 0 * cardinality(%(wts)s::float4[]))") \
                 .replace("SELECT id, document_id, tsv FROM chunks", "SELECT id, document_id FROM chunks")
@@ -505,6 +560,9 @@ class _Searcher:
     def keyword_params(self, text: str) -> dict[str, Any]:
         p: dict[str, Any] = {"wts": list(self.t.rank_weights), "cap": self.s.per_document_chunks,
                              "kw_window": self.t.keyword_window}
+        if self.t.keyword_bm25:
+            p.update(ndocs=float(self.n_docs), avgdl=float(self.avg_doc_bytes), k1=self.t.bm25_k1, b=self.t.bm25_b,
+                     title_w=self.t.title_weight)
         if self.have_stats:
             p.update(text=text, n=float(self.n_chunks), max_df=self.t.keyword_max_df * self.n_chunks,
                      postings=self.t.keyword_postings, max_terms=self.t.keyword_max_terms)
@@ -516,6 +574,16 @@ class _Searcher:
             p.update(all_idf=[idf] * len(lexemes), tqs=[_tsquery_literal(x) for x in chosen],
                      idfs=[idf] * len(chosen))
         return p
+
+    def openings(self, hits: dict[int, "_DocHit"], qlit: str) -> None:
+        """Similarity of each candidate document's first chunk to the query (Tuning.opening_weight)."""
+        from psycopg import sql
+
+        q = sql.SQL("SELECT c.document_id, 1 - (e.embedding <=> %s::vector) FROM chunks c JOIN {t} e"
+                    " ON e.chunk_hash = c.chunk_hash WHERE c.document_id = ANY(%s) AND c.ordinal = 0"
+                    ).format(t=sql.Identifier(self.space[2]))
+        for did, sim in self.conn.execute(q, (qlit, list(hits))).fetchall():
+            hits[did].o_sim = float(sim)
 
     def search(self, items: list[tuple[str, str | None]], channels: list[str]) -> list[dict[str, list]]:
         """Candidates of every query in one pipelined transaction: {channel: rows} per query."""
@@ -563,6 +631,7 @@ def _fuse(hits: dict[int, _DocHit], channels: list[str], settings, tuning: Tunin
         "vector": (lambda h: bool(h.vec), lambda h: h.v_score, "v_rank", settings.vector_weight),
         "document": (lambda h: h.d_sim is not None, lambda h: h.d_sim or 0.0, "d_rank", settings.document_weight),
         "keyword": (lambda h: bool(h.kw), lambda h: h.k_score, "k_rank", settings.keyword_weight),
+        "opening": (lambda h: h.o_sim is not None, lambda h: h.o_sim or 0.0, "o_rank", tuning.opening_weight),
     }
     active = [c for c in channels if spec[c][3] > 0] or channels
     for c in active:
@@ -734,7 +803,11 @@ def recall(queries: str | Sequence[str], *, config=None, limit: int | None = Non
             stats["keyword_terms"] = int(rows[0][6]) if rows else 0
             stats["keyword_chunks"] = len(rows)
             stats["keyword_docs"] = len({r[1] for r in rows})
-        ranked = _fuse(hits, [c for c in channels if c in rows_by_channel], settings, tuning)
+        used = [c for c in channels if c in rows_by_channel]
+        if tuning.opening_weight > 0 and "vector" in used and hits:
+            searcher.openings(hits, items[len(per_query)][1])
+            used.append("opening")
+        ranked = _fuse(hits, used, settings, tuning)
         stats["distinct_docs"] = len(ranked)
         result.candidates.setdefault("per_query", []).append(stats)
         per_query.append(ranked)
