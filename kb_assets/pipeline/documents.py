@@ -371,7 +371,7 @@ def _write(conn: psycopg.Connection, source_key: str, commit: str | None, rows: 
             from kb_assets.pipeline.relations import replace_document_edges
 
             replace_document_edges(conn, source_key, [(r[0], r[1], r[8] if r[3] == "active" else None, r[9])
-                                                      for r in batch.rows])
+                                                      for r in rows])
 
 
 class _BatchWriter:
