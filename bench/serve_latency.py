@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -213,8 +214,18 @@ def main() -> None:
         load1 = os.getloadavg()
         print("latency", json.dumps(lat), f"load {load0[0]:.1f} -> {load1[0]:.1f}", flush=True)
         rss_before = rss_mb(proc.pid)
+        samples, sampling = [], threading.Event()
+
+        def sample():
+            while not sampling.wait(args.load_seconds / 6):
+                samples.append(round(rss_mb(proc.pid)))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
         load = asyncio.run(_load(base, token, queries, args.clients, args.load_seconds))
+        sampling.set()
         rss_after = rss_mb(proc.pid)
+        load["rss_samples_mb"] = samples
         load2 = os.getloadavg()
         print("load", json.dumps(load), f"RSS {rss_before:.0f} -> {rss_after:.0f} MB; load avg {load2[0]:.1f}",
               flush=True)
@@ -254,7 +265,8 @@ def main() -> None:
             f"**Load**: {load['clients']} concurrent clients from a second process on loopback (asyncio + httpx, "
             f"keep-alive), {load['seconds']} s: {load['requests']} requests, **{load['throughput_rps']:.1f} req/s**, "
             f"p50 {load['p50_ms']:.0f} ms, p95 {load['p95_ms']:.0f} ms, **{load['errors']} errors** "
-            f"(statuses {load['statuses']}); server RSS {rss_before:.0f} MB before, {rss_after:.0f} MB after; "
+            f"(statuses {load['statuses']}); server RSS {rss_before:.0f} MB before, {rss_after:.0f} MB after "
+            f"(every {args.load_seconds / 6:.0f} s during the run: {load['rss_samples_mb']} MB); "
             f"load average {load2[0]:.1f} at the end. Query embeddings run one at a time (the model already uses "
             "both cores for one pass); searches and record fetches run in parallel on the 8-connection pool.",
             "",
