@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -101,6 +102,10 @@ def open_state(cfg, *, embedder=None, database_url: str | None = None, no_auth: 
         secret = server_secret(conn)
         active = conn.execute("SELECT model, dimension FROM embedding_spaces WHERE activated_at IS NOT NULL"
                               " ORDER BY activated_at DESC LIMIT 1").fetchone()
+    if cfg.embedder == "local" and hasattr(embedder, "path") and not os.environ.get("OMP_NUM_THREADS"):
+        import torch   # the local model loads torch anyway; set before its first pass
+
+        torch.set_num_threads(cfg.serve.embed_threads)
     if active is not None and (embedder.model, int(embedder.dimension)) == (active[0], int(active[1])):
         embedder.embed_query("warm up")          # load the model now, not on the first request
     return ServeState(cfg=cfg, pool=pool, embedder=_LockedEmbedder(embedder), no_auth=no_auth,
