@@ -279,8 +279,10 @@ def main() -> None:
             f"p50 {load['p50_ms']:.0f} ms, p95 {load['p95_ms']:.0f} ms, **{load['errors']} errors** "
             f"(statuses {load['statuses']}); server RSS {rss_before:.0f} MB before, {rss_after:.0f} MB after "
             f"(every {args.load_seconds / 6:.0f} s during the run: {load['rss_samples_mb']} MB); "
-            f"load average {load2[0]:.1f} at the end. Query embeddings run one at a time (the model already uses "
-            "both cores for one pass); searches and record fetches run in parallel on the 8-connection pool.",
+            f"load average {load2[0]:.1f} at the end. RSS rises while the thread pool and connections warm up, then "
+            "stays flat. Query embeddings run one at a time on one torch thread (see \"kb serve: query embedding "
+            "threads\"); searches and record fetches run in parallel on the 8-connection pool, so under this "
+            "load the embedding queue sets the throughput and the tail.",
             "",
             f"**Cold `kb recall --json`** in a fresh process (load average {load3[0]:.1f}): through the server "
             f"(KB_SERVER + KB_TOKEN) {cold['via_server_s']:.2f} s median of {cold['via_server_all']}; in-process "
