@@ -102,6 +102,9 @@ class ServeSettings(_Strict):
     port: int = Field(8765, ge=1, le=65535)
     default_rate: str = "60/min"            # `kb token create` without --rate
     pool_size: int = Field(8, ge=2, le=64)  # database connections of the server
+    # torch threads for the query embedding (local model). 1: on a busy machine two spinning threads cost
+    # ~20x the CPU of one (docs/BENCHMARKS.md "kb serve"); requests, not threads, use the other cores.
+    embed_threads: int = Field(1, ge=1, le=64)
 
 
 class TagSpec(_Strict):

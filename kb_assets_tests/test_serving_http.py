@@ -140,6 +140,8 @@ def test_document_and_status(served, tokens):
     ("/api/v1/recall?q=x&limit=-1", "limit"),
     ("/api/v1/recall?q=x&q=", "q"),
     ("/api/v1/recall?q=x&format=xml", "format"),
+    ("/api/v1/knowledge/search?q=x&topk=5", "topk"),
+    ("/api/v1/recall?q=x&top_k=5", "top_k"),
 ])
 def test_bad_input_is_400_naming_the_parameter(served, tokens, path, param):
     r = get(served[0], path, tokens["good"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -101,6 +102,10 @@ def open_state(cfg, *, embedder=None, database_url: str | None = None, no_auth: 
         secret = server_secret(conn)
         active = conn.execute("SELECT model, dimension FROM embedding_spaces WHERE activated_at IS NOT NULL"
                               " ORDER BY activated_at DESC LIMIT 1").fetchone()
+    if cfg.embedder == "local" and hasattr(embedder, "path") and not os.environ.get("OMP_NUM_THREADS"):
+        import torch   # the local model loads torch anyway; set before its first pass
+
+        torch.set_num_threads(cfg.serve.embed_threads)
     if active is not None and (embedder.model, int(embedder.dimension)) == (active[0], int(active[1])):
         embedder.embed_query("warm up")          # load the model now, not on the first request
     return ServeState(cfg=cfg, pool=pool, embedder=_LockedEmbedder(embedder), no_auth=no_auth,
@@ -147,12 +152,16 @@ def _param_error(name: str, problem: str) -> ApiError:
     return ApiError(f"{name}: {problem}")
 
 
-def check_filters(request: Request) -> None:
+def check_filters(request: Request, allowed: tuple[str, ...]) -> None:
+    """Unknown filters and misspelt parameters are errors, not silently ignored (`topk=5` would otherwise
+    quietly return the default 10)."""
     for key in request.query_params.keys():
-        if key.startswith("filter[") or key.startswith("filter"):
+        if key.startswith("filter"):
             inner = key[7:-1] if key.startswith("filter[") and key.endswith("]") else None
             if inner not in KNOWN_FILTERS:
                 raise _param_error(key, "unknown filter: use " + ", ".join(f"filter[{f}]" for f in KNOWN_FILTERS))
+        elif key not in allowed:
+            raise _param_error(key, "unknown parameter: use " + ", ".join(allowed) + " or filter[…]")
 
 
 def _split(values: list[str] | None) -> list[str] | None:
@@ -209,8 +218,9 @@ class Filters:
                 "since": self.since, "until": self.until}
 
 
-def parse_filters(request: Request, source, kind, tag, path_prefix, date_range) -> Filters:
-    check_filters(request)
+def parse_filters(request: Request, allowed: tuple[str, ...], source, kind, tag, path_prefix,
+                  date_range) -> Filters:
+    check_filters(request, allowed)
     kinds = _split(kind)
     for k in kinds or []:
         if k not in DOCUMENT_KINDS:
@@ -340,7 +350,7 @@ def knowledge_search(request: Request, q: str = Query(..., description="the ques
     from kb_assets.serving import views
 
     qs = parse_queries([q])
-    f = parse_filters(request, *filters)
+    f = parse_filters(request, ("q", "top_k"), *filters)
     st: ServeState = request.app.state.kb
     with st.connection() as conn:
         body = views.knowledge_search(conn, st, qs[0], top_k, f)
@@ -362,7 +372,7 @@ def recall_route(request: Request, q: list[Annotated[str, StringConstraints(
     from kb_assets.serving import views
 
     qs = parse_queries(q)
-    f = parse_filters(request, *filters)
+    f = parse_filters(request, ("q", "limit", "code_limit", "passage", "format"), *filters)
     st: ServeState = request.app.state.kb
     with st.connection() as conn:
         result = views.run_recall(conn, st, qs, limit=limit, code_limit=code_limit, passage=passage, filters=f)
