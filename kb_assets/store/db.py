@@ -36,11 +36,18 @@ def embedded_url(data_dir: Path) -> str:
             pgdata.parent.mkdir(parents=True, exist_ok=True)
             import pgserver  # heavy import: only when the embedded server is used
 
+            from kb_assets.store import linger
+
+            # a short query command leaves the server to a linger process (store/linger.py) instead of
+            # stopping it at exit: the next call joins it rather than paying start + stop again
+            linger_s = linger.active_seconds()
             try:
-                server = pgserver.get_server(pgdata, cleanup_mode="stop")
+                server = pgserver.get_server(pgdata, cleanup_mode=None if linger_s else "stop")
             except Exception as exc:  # pgserver raises plain exceptions with the postgres log
                 raise DatabaseError(f"could not start the embedded PostgreSQL in {pgdata}: {exc}") from exc
             _servers[key] = server
+            if linger_s:
+                linger.ensure_linger(pgdata, linger_s)
         return server.get_uri()  # type: ignore[attr-defined]
 
 
