@@ -64,6 +64,18 @@ def test_query_commands_leave_the_database_to_a_linger_process_that_stops_it():
         assert _wait(lambda: (pgdata / ".kb_linger").exists() and (pgdata / ".kb_linger").read_text().strip(), 30)
         os.kill(int((pgdata / ".kb_linger").read_text()), 15)
         assert _wait(lambda: _postmaster_pid(pgdata) is None, 60), "SIGTERM to the linger process left postgres up"
+
+        # a linger process killed outright (no atexit) leaves its pid in pgserver's handle list: the next
+        # command drops the dead pid, so its own exit stops the server instead of leaving it up forever
+        _status(root, "300")
+        assert _wait(lambda: (pgdata / ".kb_linger").exists() and (pgdata / ".kb_linger").read_text().strip(), 30)
+        killed = int((pgdata / ".kb_linger").read_text())
+        assert _wait(lambda: str(killed) in (pgdata / ".handle_pids.json").read_text(), 30)
+        os.kill(killed, 9)
+        assert _wait(lambda: not Path(f"/proc/{killed}").exists() or
+                     Path(f"/proc/{killed}/status").read_text().find("zombie") >= 0, 30)
+        _status(root, "0")
+        assert _wait(lambda: _postmaster_pid(pgdata) is None, 60), "a dead handle kept the server up"
     finally:
         try:     # a failed run: end the linger process this test started (SIGTERM: it stops the server)
             os.kill(int((pgdata / ".kb_linger").read_text()), 15)

@@ -41,6 +41,7 @@ def embedded_url(data_dir: Path) -> str:
             # a short query command leaves the server to a linger process (store/linger.py) instead of
             # stopping it at exit: the next call joins it rather than paying start + stop again
             linger_s = linger.active_seconds()
+            _prune_dead_handles(pgserver, pgdata)
             try:
                 server = pgserver.get_server(pgdata, cleanup_mode=None if linger_s else "stop")
             except Exception as exc:  # pgserver raises plain exceptions with the postgres log
@@ -49,6 +50,34 @@ def embedded_url(data_dir: Path) -> str:
             if linger_s:
                 linger.ensure_linger(pgdata, linger_s)
         return server.get_uri()  # type: ignore[attr-defined]
+
+
+def _prune_dead_handles(pgserver, pgdata: Path) -> None:
+    """Drop the pids of dead processes from pgserver's handle list. A process killed without running its
+    atexit handlers (SIGKILL, OOM, a client's kill escalation) stays listed forever otherwise, and the
+    server is then never stopped by anyone."""
+    import json
+
+    handles = pgdata / ".handle_pids.json"
+    if not handles.exists():
+        return
+    with pgserver.PostgresServer._lock:     # the lock pgserver itself takes around the list
+        try:
+            pids = json.loads(handles.read_text())
+        except (OSError, ValueError):
+            return
+        alive = []
+        for pid in pids if isinstance(pids, list) else []:
+            try:
+                os.kill(int(pid), 0)
+                alive.append(pid)
+            except ProcessLookupError:
+                continue
+            except (PermissionError, ValueError, TypeError):
+                alive.append(pid)
+        if alive != pids:
+            log.info("pgserver handles of dead processes dropped: %s", sorted(set(pids) - set(alive)))
+            handles.write_text(json.dumps(alive))
 
 
 def open_database(cfg) -> str:
