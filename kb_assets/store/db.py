@@ -34,13 +34,17 @@ def embedded_url(data_dir: Path) -> str:
         server = _servers.get(key)
         if server is None:
             pgdata.parent.mkdir(parents=True, exist_ok=True)
-            import pgserver  # heavy import: only when the embedded server is used
-
             from kb_assets.store import linger
 
             # a short query command leaves the server to a linger process (store/linger.py) instead of
             # stopping it at exit: the next call joins it rather than paying start + stop again
             linger_s = linger.active_seconds()
+            if linger_s and linger.touch(pgdata) is not None:
+                url = linger.running_url(pgdata)
+                if url:
+                    return url
+            import pgserver  # heavy import: only when the embedded server is used
+
             _prune_dead_handles(pgserver, pgdata)
             try:
                 server = pgserver.get_server(pgdata, cleanup_mode=None if linger_s else "stop")

@@ -78,6 +78,22 @@ def touch(pgdata: Path) -> int | None:
     return pid if pid and _alive(pid) else None
 
 
+def running_url(pgdata: Path) -> str | None:
+    """The URL of the server a live linger process holds, read from postmaster.pid — without pgserver's
+    get_server, whose machine-wide lock waits behind every other pgserver start or stop on the machine
+    (measured: 5 s to join a running server on a busy machine). The touch() before this extends the
+    linger process's deadline, so the server stays up while this process uses it."""
+    from pgserver.utils import PostmasterInfo
+
+    try:
+        info = PostmasterInfo.read_from_pgdata(pgdata)
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+    if info is None or not info.is_running() or info.status != "ready":
+        return None
+    return info.get_uri()
+
+
 def ensure_linger(pgdata: Path, seconds: int) -> None:
     """Start the linger process unless one is alive (it re-reads the stamp, so a touch extends it)."""
     if touch(pgdata) is not None:
