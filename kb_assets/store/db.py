@@ -70,14 +70,16 @@ def _prune_dead_handles(pgserver, pgdata: Path) -> None:
             pids = json.loads(handles.read_text())
         except (OSError, ValueError):
             return
+        import psutil   # a pgserver dependency
+
         alive = []
         for pid in pids if isinstance(pids, list) else []:
             try:
-                os.kill(int(pid), 0)
-                alive.append(pid)
-            except ProcessLookupError:
+                if psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE:   # a zombie holds nothing
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
                 continue
-            except (PermissionError, ValueError, TypeError):
+            except (psutil.Error, ValueError, TypeError):
                 alive.append(pid)
         if alive != pids:
             log.info("pgserver handles of dead processes dropped: %s", sorted(set(pids) - set(alive)))

@@ -50,18 +50,16 @@ def linger_seconds() -> int:
 
 
 def _alive(pid: int) -> bool:
+    """A live linger process (not a zombie, not a recycled pid)."""
+    import psutil   # a pgserver dependency
+
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and "kb_assets.store.linger" in " ".join(proc.cmdline())
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.Error:
         return True
-    # a zombie or a recycled pid is not our linger process: check its command line where /proc exists
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return True
-    return b"kb_assets.store.linger" in cmdline
 
 
 def touch(pgdata: Path) -> int | None:
