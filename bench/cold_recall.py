@@ -2,12 +2,14 @@
 
     python bench/cold_recall.py                          # index a sample (this repo's docs) once, 5 runs per encoder
     python bench/cold_recall.py --config /path/kb.yaml   # over your own indexed sources
-    python bench/cold_recall.py --runs 5 --encoders numpy torch --phases
+    python bench/cold_recall.py --runs 5 --encoders numpy torch --phases --linger
 
 Each run: `kb recall QUERY --json --config F` in a new process, started and reaped here (os.wait4 gives the
 child's own peak RSS); the answer is checked to be JSON with documents. Encoders: `numpy` (the default
 query encoder, embedding/numpy_bert.py) and `torch` (KB_QUERY_ENCODER=torch: sentence-transformers, the
-old path) alternate run by run, so both see the same machine load. `--phases` runs one more fresh process
+old path) alternate run by run, so both see the same machine load; both with KB_DB_LINGER=0 (the
+embedded PostgreSQL starts and stops in every process). `--linger` adds numpy runs with the database left
+up between calls (store/linger.py), as agents' bursts of calls see it. `--phases` runs one more fresh process
 that stamps each phase (imports, config, database start, encoder load, the query).
 The load average is printed before and after: on a shared machine, compare ratios within one run.
 """
@@ -30,8 +32,9 @@ QUERY = "why do recall results come from many distinct documents?"
 SAMPLE = Path(tempfile.gettempdir()) / "kb-cold-bench"
 
 
-def _env(encoder: str) -> dict[str, str]:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", KB_QUERY_ENCODER=encoder)
+def _env(encoder: str, linger: str = "0") -> dict[str, str]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", KB_QUERY_ENCODER=encoder,
+               KB_DB_LINGER=linger)
     env.pop("KB_DATABASE_URL", None)
     return env
 
@@ -54,11 +57,12 @@ def sample_config() -> Path:
     return config
 
 
-def one_run(config: Path, query: str, encoder: str) -> tuple[float, float, int]:
+def one_run(config: Path, query: str, encoder: str, linger: str = "0") -> tuple[float, float, int]:
     """(wall seconds, peak RSS MB, documents returned) of one fresh `kb recall` process."""
     started = time.perf_counter()
     with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen([str(KB), "recall", query, "--json", "--config", str(config)], env=_env(encoder),
+        proc = subprocess.Popen([str(KB), "recall", query, "--json", "--config", str(config)],
+                                env=_env(encoder, linger),
                                 stdout=out, stderr=subprocess.DEVNULL)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - started
@@ -95,6 +99,26 @@ def phases(config: Path, query: str, encoder: str) -> list[tuple[str, float]]:
     return [(n, float(v)) if n != "heavy" else (n, v) for n, v in parts]
 
 
+def stop_linger(config: Path) -> None:
+    """End the linger process the lingering runs left (SIGTERM: it stops the embedded database)."""
+    import signal
+
+    import yaml
+
+    data_dir = Path(yaml.safe_load(config.read_text()).get("data_dir") or ".kb")
+    if not data_dir.is_absolute():
+        data_dir = config.parent / data_dir
+    stamp = data_dir / "pg" / ".kb_linger"
+    try:
+        os.kill(int(stamp.read_text().strip()), signal.SIGTERM)
+    except (OSError, ValueError):
+        return
+    for _ in range(300):
+        if not stamp.exists():
+            break
+        time.sleep(0.1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", type=Path)
@@ -104,6 +128,8 @@ def main() -> None:
     ap.add_argument("--pause", type=float, default=1.0, help="seconds between runs (the previous process's "
                     "embedded PostgreSQL stops when it exits)")
     ap.add_argument("--phases", action="store_true")
+    ap.add_argument("--linger", action="store_true", help="also: numpy encoder with the embedded database "
+                    "lingering between calls (the default KB_DB_LINGER=300; the first run starts it)")
     args = ap.parse_args()
     config = args.config or sample_config()
     load_before = os.getloadavg()
@@ -112,6 +138,12 @@ def main() -> None:
         for enc in args.encoders:
             results[enc].append(one_run(config, args.query, enc))
             time.sleep(args.pause)
+    lingering: list[tuple[float, float, int]] = []
+    if args.linger:
+        for i in range(args.runs):
+            lingering.append(one_run(config, args.query, "numpy", linger="300"))
+            time.sleep(args.pause)
+        stop_linger(config)
     load_after = os.getloadavg()
     print(f"cold kb recall, {args.runs} fresh processes per encoder, query {args.query!r}")
     print(f"load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
@@ -124,6 +156,12 @@ def main() -> None:
         med[enc] = statistics.median(walls)
         print(f"| {enc} | {med[enc]:.2f} | {min(walls):.2f}–{max(walls):.2f} | "
               f"{statistics.median(r for _, r, _ in rows):.0f} | {rows[0][2]} |")
+    if lingering:
+        walls = [w for w, _, _ in lingering]
+        med["linger"] = statistics.median(walls[1:] or walls)
+        print(f"| numpy, database lingering (KB_DB_LINGER=300) | {med['linger']:.2f} (runs 2–{len(walls)}) | "
+              f"{min(walls):.2f}–{max(walls):.2f} (run 1: {walls[0]:.2f}, starts it) | "
+              f"{statistics.median(r for _, r, _ in lingering):.0f} | {lingering[0][2]} |")
     if "numpy" in med and "torch" in med:
         print(f"ratio torch / numpy (median wall): {med['torch'] / med['numpy']:.1f}x")
     if args.phases:

@@ -493,6 +493,10 @@ def main(argv: list[str] | None = None) -> int:
     # platformdirs (via pgserver) warns on every start when XDG_RUNTIME_DIR is unset: noise, not news.
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     args = build_parser().parse_args(argv)
+    if args.verb in ("recall", "show", "search", "status"):
+        from kb_assets.store import linger
+
+        linger.enable()   # the embedded database outlives this call for KB_DB_LINGER s (store/linger.py)
     try:
         return args.fn(args) or 0
     except ConfigError as exc:

@@ -13,6 +13,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.pop("KB_DATABASE_URL", None)
 os.environ.pop("KB_CONFIG", None)
+# kb recall/show/search/status in a child process would leave the embedded database up for 5 minutes
+# (store/linger.py): tests stop it at exit unless they test lingering itself.
+os.environ.setdefault("KB_DB_LINGER", "0")
 # Dagster instance storage for tests: a temp folder, never the repo-root dagster.yaml.
 os.environ.setdefault("DAGSTER_HOME", tempfile.mkdtemp(prefix="kb-dagster-"))
 

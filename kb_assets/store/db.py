@@ -41,16 +41,27 @@ def embedded_url(data_dir: Path) -> str:
         server = _servers.get(key)
         if server is None:
             pgdata.parent.mkdir(parents=True, exist_ok=True)
+            from kb_assets.store import linger
+
+            # a short query command leaves the server to a linger process (store/linger.py) instead of
+            # stopping it at exit: the next call joins it rather than paying start + stop again
+            linger_s = linger.active_seconds()
+            if linger_s and linger.touch(pgdata) is not None:
+                url = linger.running_url(pgdata)
+                if url:
+                    return url
             import pgserver  # heavy import: only when the embedded server is used
 
             prune_stale_handles(pgdata)
             try:
-                server = pgserver.get_server(pgdata, cleanup_mode="stop")
+                server = pgserver.get_server(pgdata, cleanup_mode=None if linger_s else "stop")
             except Exception as exc:  # pgserver raises plain exceptions with the postgres log
                 raise DatabaseError(f"could not start the embedded PostgreSQL in {pgdata}: {exc}") from exc
             _servers[key] = server
             # atexit runs last-registered first: this runs before pgserver's own handle release
             atexit.register(prune_stale_handles, pgdata)
+            if linger_s:
+                linger.ensure_linger(pgdata, linger_s)
         else:
             _revive(server, pgdata)
         return server.get_uri()  # type: ignore[attr-defined]
@@ -69,12 +80,21 @@ def prune_stale_handles(pgdata: Path) -> list[int]:
             pids = json.loads(handle_file.read_text() or "[]")
         except (OSError, ValueError):
             return []
-        live = [p for p in pids if isinstance(p, int) and psutil.pid_exists(p)]
+        live = [p for p in pids if isinstance(p, int) and _alive(psutil, p)]
         dead = [p for p in pids if p not in live]
         if dead:
             handle_file.write_text(json.dumps(live))
             log.info("embedded PostgreSQL %s: dropped handles of dead processes %s", pgdata, dead)
     return dead
+
+
+def _alive(psutil, pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE   # a zombie holds nothing
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True
 
 
 def _revive(server, pgdata: Path) -> None:
