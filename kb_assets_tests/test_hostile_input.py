@@ -54,6 +54,14 @@ def test_non_utf8_file_name_is_indexed_under_an_escaped_name(tmp_path, db_url, c
     # a second run finds it unchanged (the escaped name maps back to the same listed file)
     again = sync_documents(conn, cfg, cfg.sources[0])
     assert again.unchanged == 2 and again.new == again.changed == again.deleted == 0
+    # its freshness is judged on the real file (not "gone" because the stored name differs)
+    from kb_assets.query.freshness import Freshness
+
+    sig = conn.execute("SELECT file_sig FROM documents WHERE path = %s", ("caf\\xe9.md",)).fetchone()[0]
+    assert Freshness().is_stale(root=str(root), source_commit=None, path="caf\\xe9.md", file_sig=sig) is False
+    with open(bad, "ab") as fh:
+        fh.write(b"One more line.\n")
+    assert Freshness().is_stale(root=str(root), source_commit=None, path="caf\\xe9.md", file_sig=sig) is True
     # and once it is gone, it is pruned under its escaped name
     os.unlink(bad)
     gone = sync_documents(conn, cfg, cfg.sources[0])
