@@ -217,3 +217,47 @@ def test_proc_files_are_never_read_even_through_the_reader():
     src = SourceConfig(key="p", kind="doc", root="/proc/self")
     out = read_entry(Path("/proc/self"), FileEntry("environ", "0:0"), src)
     assert out.reason == "system-file"
+
+
+def test_kb_index_end_to_end_with_hostile_files():
+    """As the issue ran it: `kb index` over a folder with a non-UTF-8 name, a \\ud800 transcript line, a token in
+    a name and a binary file — exit 0, every readable file indexed, the skip shown by `kb status`."""
+    import subprocess
+    import sys
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="kbhi-", dir="/tmp"))     # short: the embedded server's socket
+    notes, sessions = base / "notes", base / "sessions"
+    notes.mkdir()
+    sessions.mkdir()
+    (notes / "good.md").write_text("# Good\n\n" + PROSE * 2)
+    with open(os.path.join(os.fsencode(notes), b"caf\xe9.md"), "wb") as fh:
+        fh.write(("# Cafe\n\n" + PROSE * 2).encode())
+    tok = "gh" + "p_" + "Q1w2E3r4T5y6U7i8O9p0A1s2D3f4G5h6J7k8"
+    (notes / f"rotate-{tok}.md").write_text("# Rotation\n\n" + PROSE * 2)
+    (notes / "blob.md").write_bytes(b"\x00\x01\x02binary" * 50)
+    (sessions / "s1.jsonl").write_text("\n".join([
+        _transcript_line("user", "How do the workers take batches?", 1),
+        _transcript_line("assistant", "With skip locked \ud800 — " + PROSE, 2)]) + "\n")
+    (base / "kb.yaml").write_text(
+        f"data_dir: {base}/.kb\nsources:\n  - {{key: notes, kind: doc, root: {notes}}}\n"
+        f"  - {{key: sessions, kind: transcript, root: {sessions}, include: ['*.jsonl'], min_chars: 20}}\n")
+    (base / "dagster").mkdir()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", DAGSTER_HOME=str(base / "dagster"))
+    env.pop("KB_CONFIG", None)
+    env.pop("KB_DATABASE_URL", None)
+
+    def kb(*args):
+        return subprocess.run([sys.executable, "-m", "kb_assets.cli", *args, "--config", str(base / "kb.yaml")],
+                              cwd=base, env=env, capture_output=True, text=True, timeout=900)
+
+    proc = kb("index", "--json", "--quiet")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    assert summary["failures"] == []
+    by = {s["source"]: s for s in summary["sources"]}
+    assert by["notes"]["documents"] == 3 and by["sessions"]["documents"] == 1, by
+    status = json.loads(kb("status", "--json").stdout)
+    notes_row = [s for s in status["sources"] if s["source"] == "notes"][0]
+    assert notes_row["skip_reasons"] == {"binary": 1}, notes_row["skip_reasons"]
+    assert tok not in proc.stdout + json.dumps(status)
