@@ -223,7 +223,13 @@ def cmd_status(args) -> int:
             reasons = ", ".join(f"{k}: {v}" for k, v in sorted(r["skip_reasons"].items()))
             console.print(f"{r['source']}: skipped — {reasons}")
             for s in r["skipped_files"][: args.show_skipped]:
-                console.print(f"    {s['path']}  [dim]{s['reason']}: {s['detail']}[/dim]")
+                from rich.markup import escape
+
+                from kb_assets.sources.safe_names import printable
+
+                # one line per file even for a name with a newline; "[x]" in a name is not markup
+                console.print(f"    {escape(printable(s['path']))}  [dim]{s['reason']}: "
+                              f"{escape(printable(s['detail'] or ''))}[/dim]")
         for f in r["signpost_failures"][:10]:
             console.print(f"{r['source']}: signpost failing — {f}")
     for k in never:

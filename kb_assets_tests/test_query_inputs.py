@@ -42,6 +42,7 @@ def indexed(tmp_path, db_url, conn, local_embedder):
     root.mkdir()
     (root / "queue.md").write_text("# Queue workers\n\n" + PROSE * 2)
     (root / "line\nbreak.md").write_text("# Retry delays\n\n" + JITTER * 2)
+    (root / "bin\nary.md").write_bytes(b"\x00\x01binary" * 40)
     for i, topic in enumerate(OTHER):
         (root / f"other-{i}.md").write_text(f"# Other {i}\n\n" + (topic + "\n") * 3)
     data = {"database_url": db_url, "sources": [{"key": "notes", "kind": "doc", "root": str(root)}]}
@@ -127,3 +128,6 @@ def test_cli_single_bad_input_exits_2_with_one_line(indexed, capsys):
     main(["search", "--config", str(cfg_path), "exponential backoff jitter", "--limit", "5"])
     out = capsys.readouterr().out
     assert "notes:line\\nbreak.md:" in out and not any(ln.startswith("break.md") for ln in out.splitlines())
+    main(["status", "--config", str(cfg_path)])
+    out = capsys.readouterr().out
+    assert "    bin\\nary.md  binary:" in out and not any(ln.startswith("ary.md") for ln in out.splitlines())
