@@ -90,6 +90,35 @@ def test_non_utf8_name_in_git_head_mode(tmp_path, db_url, conn):
     assert stats.listing_mode == "git-diff" and stats.deleted == 1 and set(_docs(conn)) == {"good.md"}
 
 
+def test_colliding_redacted_names_stay_apart_across_git_diff_runs(tmp_path, db_url, conn):
+    """Two files whose names hold different tokens both redact to one name: they are kept apart (~2), and a
+    commit that changes only one of them updates that one (the diff alone cannot number them: full listing)."""
+    import subprocess
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    tok_a = "gh" + "p_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+    tok_b = "gh" + "p_" + "Z9y8X7w6V5u4T3s2R1q0P9o8N7m6L5k4J3i2"
+    (root / f"{tok_a}.md").write_text("# Alpha\n\nalpha content " + PROSE * 2)
+    (root / f"{tok_b}.md").write_text("# Beta\n\nbeta content " + PROSE * 2)
+    git = ["git", "-c", "user.email=t@e", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    subprocess.run([*git, "add", "."], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], cwd=root, check=True)
+    cfg = _cfg(db_url, root, content="HEAD")
+    sync_documents(conn, cfg, cfg.sources[0])
+    names = {"[REDACTED:github-token].md": "alpha", "[REDACTED:github-token].md~2": "beta"}
+    assert {p: d[3].split("\n\n")[1].split()[0] for p, d in _docs(conn).items()} == names
+    (root / f"{tok_b}.md").write_text("# Beta\n\nbeta changed " + PROSE * 2)
+    subprocess.run([*git, "commit", "-qam", "two"], cwd=root, check=True)
+    stats = sync_documents(conn, cfg, cfg.sources[0])
+    assert stats.changed == 1 and stats.listing_mode == "full"
+    docs = _docs(conn)
+    assert docs["[REDACTED:github-token].md"][3].startswith("# Alpha\n\nalpha content")
+    assert docs["[REDACTED:github-token].md~2"][3].startswith("# Beta\n\nbeta changed")
+    assert tok_a not in str(docs) and tok_b not in str(docs)
+
+
 def _transcript_line(role: str, text: str, n: int) -> str:
     return json.dumps({"type": role, "sessionId": "s1", "timestamp": f"2026-01-01T00:00:0{n}Z",
                        "message": {"role": role, "content": text}})
