@@ -257,7 +257,13 @@ def cmd_status(args) -> int:
             reasons = ", ".join(f"{k}: {v}" for k, v in sorted(r["skip_reasons"].items()))
             console.print(f"{r['source']}: skipped — {reasons}")
             for s in r["skipped_files"][: args.show_skipped]:
-                console.print(f"    {s['path']}  [dim]{s['reason']}: {s['detail']}[/dim]")
+                from rich.markup import escape
+
+                from kb_assets.sources.safe_names import printable
+
+                # one line per file even for a name with a newline; "[x]" in a name is not markup
+                console.print(f"    {escape(printable(s['path']))}  [dim]{s['reason']}: "
+                              f"{escape(printable(s['detail'] or ''))}[/dim]")
         for f in r["signpost_failures"][:10]:
             console.print(f"{r['source']}: signpost failing — {f}")
     for k in never:
@@ -274,17 +280,24 @@ def cmd_status(args) -> int:
 def cmd_search(args) -> int:
     cfg = _load(args, need_sources=False)
     from kb_assets.query.chunk_search import search_chunks
+    from kb_assets.query.inputs import MAX_SEARCH_LIMIT, check_limit, check_query_text
 
+    check_query_text(args.query)                                   # before the database starts
+    check_limit("--limit", args.limit, lowest=1, highest=MAX_SEARCH_LIMIT)
     with _connect(cfg) as conn:
         hits = search_chunks(conn, cfg, args.query, limit=args.limit)
     if args.json:
         print(json.dumps({"query": args.query, "chunks": hits}, indent=2, default=str))
         return 0
+    from rich.markup import escape
+
+    from kb_assets.sources.safe_names import printable
+
     console = _console()
     for h in hits:
-        console.print(f"[bold]{h['score']:.4f}[/bold] {h['source']}:{h['path']}:{h['start_line']}-{h['end_line']}"
-                      f"  [dim]{h['heading']}[/dim]")
-        console.print("    " + h["text"][:240].replace("\n", " "))
+        console.print(f"[bold]{h['score']:.4f}[/bold] {escape(printable(h['source'] + ':' + h['path']))}:"
+                      f"{h['start_line']}-{h['end_line']}  [dim]{escape(printable(h['heading']))}[/dim]")
+        console.print("    " + escape(printable(h["text"][:240].replace("\n", " "))))
     return 0
 
 
@@ -310,23 +323,9 @@ def cmd_recall(args) -> int:
     if args.queries:
         if args.query:
             raise ConfigError("(command line)", "QUERY", "given together with --queries", "use one or the other")
-        with open(args.queries, encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    item = json.loads(line)
-                    qid, q = item.get("id", item.get("_id")), item.get("query", item.get("text"))
-                except (json.JSONDecodeError, AttributeError):
-                    qid, q = None, None
-                if not q:
-                    print(json.dumps({"id": None, "line": n, "error": "expected {\"id\", \"query\"}"}))
-                    continue
-                result = recall(q, **common)
-                if args.json:
-                    print(json.dumps(result.to_batch_line(qid), default=str, ensure_ascii=False), flush=True)
-                else:
-                    print(f"# {qid}\n{result.render_text()}\n", flush=True)
+        from kb_assets.query.batch import run_batch
+
+        run_batch(args.queries, recall, common, as_json=args.json)   # an answer or an error line per line
         return 0
     if not args.query:
         raise ConfigError("(command line)", "QUERY", "missing", "give a query, several queries, or --queries FILE")
@@ -506,8 +505,10 @@ def main(argv: list[str] | None = None) -> int:
         from kb_assets.query import QueryError
 
         if isinstance(exc, QueryError):   # bad date, unknown id, index built with another model ...
+            from kb_assets.query import QueryInputError
+
             print(f"kb {args.verb}: {exc}", file=sys.stderr)
-            return 1
+            return EXIT_CONFIG if isinstance(exc, QueryInputError) else 1   # bad input: exit 2, as a config mistake
         from kb_assets.index_run import exit_code_for
 
         code = exit_code_for(exc)   # 3: source busy (--no-wait), 4: database unreachable

@@ -54,6 +54,14 @@ def test_non_utf8_file_name_is_indexed_under_an_escaped_name(tmp_path, db_url, c
     # a second run finds it unchanged (the escaped name maps back to the same listed file)
     again = sync_documents(conn, cfg, cfg.sources[0])
     assert again.unchanged == 2 and again.new == again.changed == again.deleted == 0
+    # its freshness is judged on the real file (not "gone" because the stored name differs)
+    from kb_assets.query.freshness import Freshness
+
+    sig = conn.execute("SELECT file_sig FROM documents WHERE path = %s", ("caf\\xe9.md",)).fetchone()[0]
+    assert Freshness().is_stale(root=str(root), source_commit=None, path="caf\\xe9.md", file_sig=sig) is False
+    with open(bad, "ab") as fh:
+        fh.write(b"One more line.\n")
+    assert Freshness().is_stale(root=str(root), source_commit=None, path="caf\\xe9.md", file_sig=sig) is True
     # and once it is gone, it is pruned under its escaped name
     os.unlink(bad)
     gone = sync_documents(conn, cfg, cfg.sources[0])
@@ -80,6 +88,35 @@ def test_non_utf8_name_in_git_head_mode(tmp_path, db_url, conn):
     subprocess.run([*git, "commit", "-qm", "two"], cwd=root, check=True)
     stats = sync_documents(conn, cfg, cfg.sources[0])
     assert stats.listing_mode == "git-diff" and stats.deleted == 1 and set(_docs(conn)) == {"good.md"}
+
+
+def test_colliding_redacted_names_stay_apart_across_git_diff_runs(tmp_path, db_url, conn):
+    """Two files whose names hold different tokens both redact to one name: they are kept apart (~2), and a
+    commit that changes only one of them updates that one (the diff alone cannot number them: full listing)."""
+    import subprocess
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    tok_a = "gh" + "p_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+    tok_b = "gh" + "p_" + "Z9y8X7w6V5u4T3s2R1q0P9o8N7m6L5k4J3i2"
+    (root / f"{tok_a}.md").write_text("# Alpha\n\nalpha content " + PROSE * 2)
+    (root / f"{tok_b}.md").write_text("# Beta\n\nbeta content " + PROSE * 2)
+    git = ["git", "-c", "user.email=t@e", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    subprocess.run([*git, "add", "."], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], cwd=root, check=True)
+    cfg = _cfg(db_url, root, content="HEAD")
+    sync_documents(conn, cfg, cfg.sources[0])
+    names = {"[REDACTED:github-token].md": "alpha", "[REDACTED:github-token].md~2": "beta"}
+    assert {p: d[3].split("\n\n")[1].split()[0] for p, d in _docs(conn).items()} == names
+    (root / f"{tok_b}.md").write_text("# Beta\n\nbeta changed " + PROSE * 2)
+    subprocess.run([*git, "commit", "-qam", "two"], cwd=root, check=True)
+    stats = sync_documents(conn, cfg, cfg.sources[0])
+    assert stats.changed == 1 and stats.listing_mode == "full"
+    docs = _docs(conn)
+    assert docs["[REDACTED:github-token].md"][3].startswith("# Alpha\n\nalpha content")
+    assert docs["[REDACTED:github-token].md~2"][3].startswith("# Beta\n\nbeta changed")
+    assert tok_a not in str(docs) and tok_b not in str(docs)
 
 
 def _transcript_line(role: str, text: str, n: int) -> str:
@@ -209,3 +246,47 @@ def test_proc_files_are_never_read_even_through_the_reader():
     src = SourceConfig(key="p", kind="doc", root="/proc/self")
     out = read_entry(Path("/proc/self"), FileEntry("environ", "0:0"), src)
     assert out.reason == "system-file"
+
+
+def test_kb_index_end_to_end_with_hostile_files():
+    """As the issue ran it: `kb index` over a folder with a non-UTF-8 name, a \\ud800 transcript line, a token in
+    a name and a binary file — exit 0, every readable file indexed, the skip shown by `kb status`."""
+    import subprocess
+    import sys
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="kbhi-", dir="/tmp"))     # short: the embedded server's socket
+    notes, sessions = base / "notes", base / "sessions"
+    notes.mkdir()
+    sessions.mkdir()
+    (notes / "good.md").write_text("# Good\n\n" + PROSE * 2)
+    with open(os.path.join(os.fsencode(notes), b"caf\xe9.md"), "wb") as fh:
+        fh.write(("# Cafe\n\n" + PROSE * 2).encode())
+    tok = "gh" + "p_" + "Q1w2E3r4T5y6U7i8O9p0A1s2D3f4G5h6J7k8"
+    (notes / f"rotate-{tok}.md").write_text("# Rotation\n\n" + PROSE * 2)
+    (notes / "blob.md").write_bytes(b"\x00\x01\x02binary" * 50)
+    (sessions / "s1.jsonl").write_text("\n".join([
+        _transcript_line("user", "How do the workers take batches?", 1),
+        _transcript_line("assistant", "With skip locked \ud800 — " + PROSE, 2)]) + "\n")
+    (base / "kb.yaml").write_text(
+        f"data_dir: {base}/.kb\nsources:\n  - {{key: notes, kind: doc, root: {notes}}}\n"
+        f"  - {{key: sessions, kind: transcript, root: {sessions}, include: ['*.jsonl'], min_chars: 20}}\n")
+    (base / "dagster").mkdir()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", DAGSTER_HOME=str(base / "dagster"))
+    env.pop("KB_CONFIG", None)
+    env.pop("KB_DATABASE_URL", None)
+
+    def kb(*args):
+        return subprocess.run([sys.executable, "-m", "kb_assets.cli", *args, "--config", str(base / "kb.yaml")],
+                              cwd=base, env=env, capture_output=True, text=True, timeout=900)
+
+    proc = kb("index", "--json", "--quiet")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    assert summary["failures"] == []
+    by = {s["source"]: s for s in summary["sources"]}
+    assert by["notes"]["documents"] == 3 and by["sessions"]["documents"] == 1, by
+    status = json.loads(kb("status", "--json").stdout)
+    notes_row = [s for s in status["sources"] if s["source"] == "notes"][0]
+    assert notes_row["skip_reasons"] == {"binary": 1}, notes_row["skip_reasons"]
+    assert tok not in proc.stdout + json.dumps(status)

@@ -322,3 +322,15 @@ def test_content_reverted_after_a_failure_clears_the_stale_flag(conn, mock):
     st = run_signposts(conn, SRC, _gemini(mock))
     assert mock.calls == 0 and st.up_to_date == 1 and st.stale == 0
     assert not current_signpost(conn, doc)["stale"] and signpost_failures(conn, SRC) == []
+
+
+def test_a_model_answer_with_nul_or_lone_surrogate_is_stored_clean(conn, mock):
+    """An answer PostgreSQL's jsonb would refuse (a "\u0000" escape) neither fails the run nor the document:
+    it is stored with the NUL dropped (issue 12 §1). (The SDK itself refuses lone surrogates: a retry.)"""
+    ids = [_add_doc(conn, f"adr/{i}.md", _adr(i)) for i in range(3)]
+    mock.push(Reply.ok({"summary": "Uses tool\u0000 one for case one.", "work_types": ["decision"],
+                        "key_decisions": []}))
+    st = run_signposts(conn, SRC, _gemini(mock))
+    assert st.generated == 3 and st.failed == 0, st.errors
+    summaries = {current_signpost(conn, i)["payload"]["summary"] for i in ids}
+    assert "Uses tool one for case one." in summaries

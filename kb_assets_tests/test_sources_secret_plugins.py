@@ -117,3 +117,24 @@ def test_lookalikes_are_kept():
             "aws s3 cp s3://bucket/path/to/some/file/name.txt ./local/copy/of/it.txt\n")
     out, counts = redact(text)
     assert counts == {} and out == text
+
+
+def test_detect_secrets_scan_loads_the_plugin_file(tmp_path):
+    """`detect-secrets scan --plugin kb_assets/sources/secret_plugins.py` (a pre-commit baseline can use them)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from kb_assets.sources import secret_plugins
+
+    fams = planted_more()
+    (tmp_path / "notes.txt").write_text("\n".join(t for t, _v, _s in fams.values()) + "\n")
+    exe = Path(sys.executable).parent / "detect-secrets"
+    env = dict(os.environ, PYTHONPATH=str(Path(secret_plugins.__file__).parents[2]))
+    proc = subprocess.run([str(exe), "scan", "--plugin", secret_plugins.__file__, "notes.txt"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    found = {r["type"] for r in json.loads(proc.stdout)["results"].get("notes.txt", [])}
+    assert {cls.secret_type for cls in secret_plugins.PLUGINS} <= found, found

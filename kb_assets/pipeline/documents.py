@@ -100,11 +100,19 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
     prev = ensure_source_row(conn, cfg, source)
     changes = discovery.changes_since(root, source, prev) if prev else None
     diff_removed: set[str] = set()
+    touched: list[str] = []
+    renamed: dict[str, str] = {}
+    if changes is not None:
+        touched = changes.added + changes.modified + [new for _, new in changes.renamed]
+        diff_removed = set(changes.deleted) | {old for old, _ in changes.renamed}
+        renamed = assign_names(touched + list(diff_removed))
+        if any("[REDACTED:" in n for n in renamed.values()):
+            # redacted names that coincide are told apart (~2, ~3) in the order of the whole listing,
+            # which a diff does not have: list everything (rare: a secret in a changed file's name)
+            changes, diff_removed, touched = None, set(), []
     if changes is not None:
         stats.listing_mode = "git-diff"
-        touched = changes.added + changes.modified + [new for _, new in changes.renamed]
         listing = discovery.list_paths(root, source, touched)
-        diff_removed = set(changes.deleted) | {old for old, _ in changes.renamed}
     else:
         try:
             listing = discovery.list_source(root, source)
@@ -113,13 +121,12 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
         if prev and source.content == "HEAD" and listing.commit:
             # the indexed commit is gone or not an ancestor of the tip: say why this run lists everything
             stats.listing_reason = "history rewritten: the indexed commit is not an ancestor of the tip"
+        # The names files have in the index (undecodable bytes escaped, secrets in names redacted); files
+        # are still read through their listed names.
+        renamed = assign_names([e.path for e in listing.files] + [s.path for s in listing.skips])
     stats.listed = len(listing.files)
     stats.commit = listing.commit
     stats.complete = listing.complete or changes is not None
-    # The names files have in the index (undecodable bytes escaped, secrets in names redacted); files are
-    # still read through their listed names.
-    renamed = assign_names([e.path for e in listing.files] + [s.path for s in listing.skips]
-                           + list(diff_removed) + (touched if changes is not None else []))
     name = (lambda p: renamed.get(p, p)) if renamed else (lambda p: p)
 
     # What we have: file -> (signature, {document path: content hash})

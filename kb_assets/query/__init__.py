@@ -9,10 +9,11 @@ configuration load on the first call, the embedding model on the first vector qu
 from kb_assets.query.engine import (
     DEFAULT_TUNING, MODES, QueryError, RecallResult, Tuning, make_id, parse_id, recall, render_show, show,
 )
+from kb_assets.query.inputs import QueryInputError
 from kb_assets.query.records import Record, estimate_tokens
 
 __all__ = ["recall", "show", "RecallResult", "Record", "QueryError", "make_id", "parse_id", "render_show",
-           "estimate_tokens", "MODES", "Tuning", "DEFAULT_TUNING", "refresh_query_stats"]
+           "estimate_tokens", "MODES", "Tuning", "DEFAULT_TUNING", "refresh_query_stats", "QueryInputError"]
 
 
 def refresh_query_stats(conn, *, full: bool = False):

@@ -13,7 +13,11 @@ from kb_assets.store import spaces
 def search_chunks(conn: psycopg.Connection, cfg, query: str, *, limit: int = 10, window: int = 100,
                   embedder=None) -> list[dict]:
     from kb_assets.embedding import make_embedder
+    from kb_assets.query.inputs import MAX_SEARCH_LIMIT, check_limit, check_query_text
 
+    check_query_text(query)
+    check_limit("limit", limit, lowest=1, highest=MAX_SEARCH_LIMIT)
+    window = max(window, limit)      # every asked-for result can come back
     rrf_k = cfg.query.rrf_k
     ranks: dict[int, float] = {}
     active = spaces.active_space(conn)

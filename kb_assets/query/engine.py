@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any, Sequence
 
+from kb_assets.sources.safe_names import printable
+
 from kb_assets.query.freshness import Freshness
 from kb_assets.query.relations import successors, successors_first
 from kb_assets.query.records import (
@@ -682,9 +684,10 @@ def recall(queries: str | Sequence[str], *, config=None, limit: int | None = Non
     fills `result.ranked` with every candidate's (id, score) per query, all kinds, before the limits
     (evaluation: Recall@100).
     """
+    from kb_assets.query.inputs import QueryInputError, check_date_range, check_limit, check_queries
+
     t_start = time.perf_counter()
-    qs = [queries] if isinstance(queries, str) else list(queries)
-    qs = [squash(q) for q in qs]
+    qs = [squash(q) for q in check_queries(queries)]   # one clear error for a number, NUL, lone surrogate
     if not qs or any(not q for q in qs):
         raise QueryError("empty query: pass a non-empty string or list of strings")
     if mode not in MODES:
@@ -702,8 +705,8 @@ def recall(queries: str | Sequence[str], *, config=None, limit: int | None = Non
     min_score = settings.min_score if min_score is None else float(min_score)
     if answer_tokens is None:
         answer_tokens = settings.answer_tokens
-    if limit < 0 or code_limit < 0:
-        raise QueryError("limit and code_limit must be ≥ 0")
+    check_limit("limit", limit)
+    check_limit("code_limit", code_limit)
     if record_chars < 120:
         raise QueryError("record_chars must be at least 120")
     try:
@@ -712,9 +715,10 @@ def recall(queries: str | Sequence[str], *, config=None, limit: int | None = Non
     except Exception:  # pragma: no cover - parse_date returns None rather than raising
         since_d = until_d = None
     if since is not None and since_d is None:
-        raise QueryError(f"cannot read the date {since!r}: use YYYY-MM-DD")
+        raise QueryInputError(f"cannot read the date {since!r}: use YYYY-MM-DD")
     if until is not None and until_d is None:
-        raise QueryError(f"cannot read the date {until!r}: use YYYY-MM-DD")
+        raise QueryInputError(f"cannot read the date {until!r}: use YYYY-MM-DD")
+    check_date_range(since_d, until_d)
     filters = _Filters(_as_list(source), _as_list(kind), _as_list(tag), path_prefix or None, since_d, until_d)
 
     if conn is None:
@@ -1024,7 +1028,9 @@ def parse_id(doc_id: str) -> tuple[str, str]:
 
 def show(doc_id: str, *, config=None, conn=None) -> dict[str, Any]:
     """The whole document (tier 2): title, path, kind, meta, text, signpost, chunk headings, freshness."""
-    src, path = parse_id(doc_id)
+    from kb_assets.query.inputs import check_query_text
+
+    src, path = parse_id(check_query_text(doc_id, "id"))
     if conn is None:
         conn = _connection_for(_resolve_config(config))
     row = conn.execute(
@@ -1068,10 +1074,12 @@ def show(doc_id: str, *, config=None, conn=None) -> dict[str, Any]:
 
 def render_show(doc: dict[str, Any]) -> str:
     """`kb show` text: a header, the signpost, the chunk outline, then the whole text."""
-    lines = [f"{doc['id']}  [{doc['kind']}{' · ' + doc['status'] if doc['status'] else ''}]"
+    # names may hold control characters (a newline in a file name): each header field stays on its line
+    lines = [f"{printable(doc['id'])}  [{doc['kind']}{' · ' + doc['status'] if doc['status'] else ''}]"
              + ("  STALE (the source changed since indexing)" if doc["stale"] else ""),
-             f"title: {doc['title']}",
-             f"file: {doc['root']}/{doc['path'].split('#', 1)[0]}" if doc.get("root") else f"path: {doc['path']}"]
+             f"title: {printable(doc['title'] or '')}",
+             f"file: {printable(doc['root'] + '/' + doc['path'].split('#', 1)[0])}" if doc.get("root")
+             else f"path: {printable(doc['path'])}"]
     if doc.get("created") or doc.get("updated"):
         lines.append(f"dates: created {doc.get('created') or '?'}, updated {doc.get('updated') or '?'}")
     if doc.get("indexed_commit"):

@@ -127,7 +127,17 @@ class Freshness:
             try:
                 st = os.stat(os.path.join(root, file_path))
             except OSError:
-                return True                                  # gone since it was indexed
+                from kb_assets.sources.safe_names import listed_name
+
+                if "[REDACTED:" in file_path:
+                    return False      # indexed under a redacted name: the file's own name is not known
+                raw = listed_name(file_path)   # a name escaped for storage (not UTF-8): stat the real one
+                try:
+                    st = os.stat(os.path.join(root, raw)) if raw is not None else None
+                except OSError:
+                    st = None
+                if st is None:
+                    return True                              # gone since it was indexed
             if st.st_size != int(m.group(1)) or st.st_mtime_ns != int(m.group(2)):
                 return True
         if source_commit:

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from kb_assets.sources.safe_names import printable   # standard library only, too
+
 ELLIPSIS = "…"
 SUMMARY_CHARS = 300
 DECISION_CHARS = 140
@@ -141,7 +143,7 @@ def _header(rec: Record, rank: int, multi: bool) -> str:
     date = rec.updated or rec.created
     if date:
         bits.append(_date_part(date))
-    line = f"{rank}. {rec.id} [{' · '.join(bits)}] {rec.score:.2f}"
+    line = f"{rank}. {printable(rec.id)} [{' · '.join(bits)}] {rec.score:.2f}"   # a newline in a name stays one line
     if rec.stale:
         line += " STALE"
     if rec.superseded_by:

@@ -122,3 +122,18 @@ def assign_names(paths: Iterable[str]) -> dict[str, str]:
         taken.add(name)
         out[p] = name
     return out
+
+
+_ESCAPE_RE = re.compile(r"\\x([89a-f][0-9a-f])|\\u(d[89a-f][0-9a-f]{2})")
+
+
+def listed_name(stored: str) -> str | None:
+    """The listed (file-system) name behind a stored one, when it can be known: the escapes undone;
+    None for a redacted name (the secret is not kept anywhere) or a name that was not changed."""
+    if "[REDACTED:" in stored:
+        return None
+    if "\\x" not in stored and "\\u" not in stored:
+        return None
+    raw = _ESCAPE_RE.sub(lambda m: chr(0xDC00 + int(m.group(1), 16)) if m.group(1) else chr(int(m.group(2), 16)),
+                         stored)
+    return raw if raw != stored else None
