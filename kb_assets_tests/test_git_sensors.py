@@ -266,6 +266,10 @@ def test_webhook_signatures_replay_and_the_sensor_reads_the_push(repos, webhook,
     # the next tick does not see the same pushes again
     later = _tick(defs, "git_commit_sensor", tick.cursor)
     assert "merged" not in _by_key(later)
+    from kb_assets.sources.watch import prune_pushes
+
+    with connect(repos["db_url"]) as conn:     # recent pushes are kept, old ones forgotten
+        assert prune_pushes(conn) == 0 and prune_pushes(conn, keep_days=0) == 2
 
 
 def test_webhook_without_a_secret_refuses(db_url):

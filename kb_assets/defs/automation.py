@@ -22,12 +22,13 @@ def nightly_index(context: dg.ScheduleEvaluationContext):
 
 def _push_state(cfg, after_id: int, log) -> tuple[list, int]:
     """Pushes the webhook recorded since the cursor (only read when some source has a remote to match)."""
-    from kb_assets.sources.watch import pending_pushes
+    from kb_assets.sources.watch import pending_pushes, prune_pushes
     from kb_assets.store.db import connect, open_database
 
     try:
         with connect(open_database(cfg), register=False) as conn:
             pushes = pending_pushes(conn, after_id)
+            prune_pushes(conn)
     except Exception as exc:   # the database is down: keep polling git, read the pushes next tick
         log.warning(f"cannot read recorded pushes: {str(exc).splitlines()[0] if str(exc) else exc!r}")
         return [], after_id

@@ -125,6 +125,13 @@ def pending_pushes(conn: psycopg.Connection, after_id: int) -> list[Push]:
     return [Push(*r) for r in rows]
 
 
+def prune_pushes(conn: psycopg.Connection, keep_days: int = 30) -> int:
+    """Forget pushes older than keep_days (the table would grow forever; replays of older deliveries are
+    then recorded again, which only requests a run the run_key dedupes)."""
+    return conn.execute("DELETE FROM git_pushes WHERE received_at < now() - make_interval(days => %s)",
+                        (keep_days,)).rowcount
+
+
 def push_matches(push: Push, cfg: KbConfig, source: SourceConfig) -> bool:
     """The push went to the source's remote, on the source's branch."""
     if not source.remote or not push.ref:
