@@ -281,8 +281,8 @@ def resolve_relations(conn: psycopg.Connection) -> RelationStats:
 def _path_like(artifact: str) -> bool:
     """A file path (with an extension) or a folder path; not "add/delete/lock"-style word lists."""
     a = artifact.strip("`'\" ")
-    if " " in a or len(a) > 300:
-        return False
+    if " " in a or len(a) > 300 or a.startswith(("/", "~", "../")) or "://" in a:
+        return False                    # outside any source root: nothing in the index to touch
     if _FILE_EXT_RE.search(a) and not a.endswith("."):
         return True
     return a.endswith("/") and a.count("/") >= 1
