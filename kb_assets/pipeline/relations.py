@@ -137,6 +137,9 @@ class RelationStats:
 
 
 _DOC_EXTS = (".md", ".rst", ".txt", ".adoc", ".ipynb")
+_CODE_EXTS = {".py", ".pyi", ".js", ".mjs", ".ts", ".tsx", ".jsx", ".go", ".rs", ".java", ".kt", ".rb", ".php", ".c",
+              ".h", ".cc", ".cpp", ".hpp", ".cs", ".swift", ".scala", ".clj", ".cljs", ".ex", ".exs", ".sql", ".sh",
+              ".lua", ".dart", ".vue", ".svelte"}
 _NUMBERED_FILE_RE = re.compile(r"(?i)^(adr|pep|rfc)[-_]?0*(\d{1,5})\.[a-z]+$")
 _NUMBER_ID_RE = re.compile(r"^(ADR|PEP|RFC)-(\d+)$", re.I)
 
@@ -205,8 +208,12 @@ class _Index:
         hits = self.code_by_path.get(a) or []
         if len(hits) == 1:
             return hits[0]
-        suffix = [d for p, ds in self.code_by_path.items() if p.endswith("/" + a) for d in ds] if "/" in a else \
-            (self.code_by_name.get(a) or [])
+        if "/" in a:
+            suffix = [d for p, ds in self.code_by_path.items() if p.endswith("/" + a) for d in ds]
+        elif posixpath.splitext(a)[1].lower() in _CODE_EXTS:
+            suffix = self.code_by_name.get(a) or []      # "engine.py": the one file of that name
+        else:
+            suffix = []                                   # "kb.yaml": too generic a name to guess its folder
         return suffix[0] if len(suffix) == 1 else None
 
     def _code_ids(self) -> set[int]:
