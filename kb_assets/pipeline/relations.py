@@ -31,6 +31,7 @@ _META_EDGES = (("superseded_by", "superseded_by"), ("supersedes", "supersedes"),
                ("updates", "amends"), ("amended_by", "amended_by"), ("references", "references"))
 _NO_TEXT_LINKS = {"transcript", "code", "work_item"}   # their own structure says what they link to
 ID_PREFIX = "kb:"
+RESOLVE_LOCK_ID = 0x6B62_0011        # pg_advisory_xact_lock key of the resolve pass (store/db.py uses 0x6B62_0001)
 
 _MD_LINK_RE = re.compile(r"\[[^\]\n]{0,300}\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 _RST_LINK_RE = re.compile(r"`[^`<\n]{0,200}<([^`>\s]+)>`_")
@@ -81,7 +82,9 @@ def text_references(path: str, text: str) -> list[str]:
                 continue                               # outside the source root: nothing to resolve against
             found.append(joined)
     for m in _KB_ID_RE.finditer(text):
-        found.append(ID_PREFIX + m.group(1).rstrip("."))
+        ident = m.group(1).rstrip(".")
+        if not ident.endswith("/"):                      # "kb:nats/adr/" names a folder, not a document
+            found.append(ID_PREFIX + ident)
     return found
 
 
@@ -236,8 +239,10 @@ def resolve_relations(conn: psycopg.Connection) -> RelationStats:
     """Resolve every edge's target, rebuild inverse and touches edges; one transaction. Idempotent: a re-run
     over an unchanged index writes nothing."""
     stats = RelationStats()
-    index = _Index(conn)
     with conn.transaction():
+        # two partitions' projections runs at once: one resolves after the other (same result, no duplicate work)
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (RESOLVE_LOCK_ID,))
+        index = _Index(conn)
         rows = conn.execute("SELECT id, document_id, target, target_document_id FROM relations"
                             " WHERE origin = 'document'").fetchall()
         changes: list[tuple[int, int | None]] = []
