@@ -189,6 +189,10 @@ def test_cli_tier_tags_related(tmp_path, repo, db_url, conn, capsys):
     assert "src/queue/worker.py | " in capsys.readouterr().out
     assert main(["tier", "1", "memo", "--config", str(path)]) == 1
     assert "types are adr, doc, code" in capsys.readouterr().err
+    assert main(["tier", "2", "kb:docs/docs/guide.md", "--config", str(path)]) == 0     # T2 is `kb show`
+    assert capsys.readouterr().out.startswith("kb:docs/docs/guide.md  [doc]")
+    assert main(["tier", "2", "--config", str(path)]) == 1
+    assert "one document at a time" in capsys.readouterr().err
 
     assert main(["tags", "--json", "--config", str(path)]) == 0
     tags = json.loads(capsys.readouterr().out)
