@@ -470,9 +470,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serving_parsers(add)   # kb serve, kb token create|list|revoke
 
-    sp = add("tier", cmd_tier, "print a projection: 0 the index, 1 [TYPE] per type (code: the code maps), 3 relations")
-    sp.add_argument("tier", choices=["0", "1", "3"])
-    sp.add_argument("type", nargs="?", help="document type for tier 1 (adr, doc, ..., code)")
+    sp = add("tier", cmd_tier, "print a projection: 0 the index, 1 [TYPE] per type (code: the code maps), "
+                               "2 kb:<id> one document, 3 relations")
+    sp.add_argument("tier", choices=["0", "1", "2", "3"])
+    sp.add_argument("type", nargs="?", help="tier 1: document type (adr, doc, ..., code); tier 2: kb:<id>")
 
     sp = add("tags", cmd_tags, "tags in use, their by-tag files, and tags outside the kb.yaml vocabulary")
     sp.add_argument("--json", action="store_true")

@@ -189,6 +189,10 @@ def test_cli_tier_tags_related(tmp_path, repo, db_url, conn, capsys):
     assert "src/queue/worker.py | " in capsys.readouterr().out
     assert main(["tier", "1", "memo", "--config", str(path)]) == 1
     assert "types are adr, doc, code" in capsys.readouterr().err
+    assert main(["tier", "2", "kb:docs/docs/guide.md", "--config", str(path)]) == 0     # T2 is `kb show`
+    assert capsys.readouterr().out.startswith("kb:docs/docs/guide.md  [doc]")
+    assert main(["tier", "2", "--config", str(path)]) == 1
+    assert "one document at a time" in capsys.readouterr().err
 
     assert main(["tags", "--json", "--config", str(path)]) == 0
     tags = json.loads(capsys.readouterr().out)
@@ -255,3 +259,16 @@ def test_projections_on_this_repository_code(tmp_path, db_url, conn):
     code = (tmp_path / "kb" / "machine" / "code" / "self.dsl").read_text().splitlines()
     engine = next(ln for ln in code if ln.startswith("kb_assets/query/engine.py | "))
     assert "recall" in engine.split(" | ")[2]
+
+
+def test_use_when_drawn_from_the_signpost():
+    from kb_assets.projections.load import Entry
+    from kb_assets.projections.render import use_when
+
+    e = Entry(1, "s", "a.md", "adr", "Use ADRs", summary="Use ADRs — We record decisions. Then more.")
+    assert use_when(e) == "We record decisions."                      # the title's repetition dropped
+    e = Entry(1, "s", "a.md", "adr", "Goals", summary="Arachne has goals that make this important:",
+              first_decision="We will keep a decision log. Because.")
+    assert use_when(e) == "We will keep a decision log."              # an introduction says nothing: the decision
+    e = Entry(1, "s", "a.md", "doc", "T", summary="word " * 80)
+    assert len(use_when(e)) <= 180 and use_when(e).endswith("…")

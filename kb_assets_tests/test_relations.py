@@ -201,6 +201,6 @@ def test_edges_for_and_text_references():
     assert edges_for("adr", "adr/a.md", meta, None) == [
         ("superseded_by", "adr/b.md"), ("amends", "adr/c.md"), ("references", "ADR-9")]
     refs = text_references("docs/x/guide.md", "[a](../y.md) [b](/top.rst#s) [c](http://h/z.md) [d](./) "
-                                              "[e](../../../out.md) `kb:src/p/q.md` see kb:code/a.py.")
+                                              "[e](../../../out.md) `kb:src/p/q.md` see kb:code/a.py. ## kb:src/folder/")
     assert refs == ["docs/y.md", "top.rst", "kb:src/p/q.md", "kb:code/a.py"]
     assert edges_for("transcript", "t.jsonl", {}, "[a](x.md)") == []

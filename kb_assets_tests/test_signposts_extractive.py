@@ -1,6 +1,8 @@
 """The extractive (offline) signposter on the real ADR corpora and PEPs in ../shared/corpora, and on code."""
 from __future__ import annotations
 
+import re
+
 import tarfile
 import time
 from pathlib import Path
@@ -91,7 +93,8 @@ def test_govuk_aws_postgres_on_puppetmaster(corpora):
     p = _sign(corpora["govuk-aws"]["0008-postgres-on-puppetmaster.md"])
     assert p["status"] == "Accepted"
     d = _decision_with(p, "continue to use a local instance of PostgreSQL")
-    assert "decrease the number of changes" in d["rationale"]     # first consequence
+    # the context sentence naming the decision's terms: what the alternative (RDS) would cost
+    assert "require an amount of Terraform work" in d["rationale"]
     assert {"Puppetmaster", "PostgreSQL", "RDS"} <= set(p["components"])
     assert p["summary"].startswith("8. Postgres on Puppetmaster — We need to decide whether to run PostgreSQL")
 
@@ -132,7 +135,8 @@ def test_arachne_decisions_and_uppercase_status(corpora):
     p = _sign(corpora["arachne"]["adr-016-db-migrations.md"])
     assert p["status"] == "Proposed"                          # "PROPOSED" in the file
     d = _decision_with(p, "reify migrations as entities in the configuration")
-    assert d["rationale"] == "Users can define a data model in their configuration"
+    # a reason from the context (the need), not the context's opening sentence
+    assert d["rationale"].startswith("Compounding the challenge is the need to build a system")
     assert "adr-015-data-abstraction-model.md" in p["artifacts"]
     assert "Chimera" in p["components"]
     p2 = _sign(corpora["arachne"]["adr-011-asset-pipeline.md"])
@@ -141,7 +145,8 @@ def test_arachne_decisions_and_uppercase_status(corpora):
 
 
 def test_every_real_adr_gets_a_useful_signpost(corpora):
-    n = with_decision = with_rationale = 0
+    n = with_decision = with_rationale = with_section = section_rationale = 0
+    decision_heading = re.compile(r"(?im)^#{1,6}\s*(?:the\s+)?(?:decision|design|solution|decision outcome)\b")
     t0 = time.perf_counter()
     for key in ADR_TARBALLS:
         for name, path in corpora[key].items():
@@ -149,14 +154,21 @@ def test_every_real_adr_gets_a_useful_signpost(corpora):
                 continue
             p = _sign(path)
             n += 1
+            if decision_heading.search(Path(path).read_text(encoding="utf-8")):
+                with_section += 1
+                section_rationale += any(d["rationale"] for d in p["key_decisions"])
             assert len(p["summary"]) >= 40, (key, name, p["summary"])
             assert len(p["summary"]) <= 320, (key, name)
             assert p["status"], (key, name)
             with_decision += bool(p["key_decisions"])
-            with_rationale += bool(p["key_decisions"] and p["key_decisions"][0]["rationale"])
+            # a rationale is now a reason the document gives (issue 13 §4), never the context's opening
+            # sentence as a stand-in: measured as any decision with one (precision: bench/signpost_sample)
+            with_rationale += any(d["rationale"] for d in p["key_decisions"])
     assert n >= 120
     assert with_decision / n >= 0.75, with_decision / n
-    assert with_rationale / n >= 0.70, with_rationale / n
+    assert with_rationale / n >= 0.65, with_rationale / n
+    # issue 13 §4: a decision with a rationale for ≥ 80% of the ADRs with a Decision / Design / Solution section
+    assert with_section >= 100 and section_rationale / with_section >= 0.80, section_rationale / with_section
     assert time.perf_counter() - t0 < 20
 
 

@@ -31,6 +31,7 @@ _META_EDGES = (("superseded_by", "superseded_by"), ("supersedes", "supersedes"),
                ("updates", "amends"), ("amended_by", "amended_by"), ("references", "references"))
 _NO_TEXT_LINKS = {"transcript", "code", "work_item"}   # their own structure says what they link to
 ID_PREFIX = "kb:"
+RESOLVE_LOCK_ID = 0x6B62_0011        # pg_advisory_xact_lock key of the resolve pass (store/db.py uses 0x6B62_0001)
 
 _MD_LINK_RE = re.compile(r"\[[^\]\n]{0,300}\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 _RST_LINK_RE = re.compile(r"`[^`<\n]{0,200}<([^`>\s]+)>`_")
@@ -81,7 +82,9 @@ def text_references(path: str, text: str) -> list[str]:
                 continue                               # outside the source root: nothing to resolve against
             found.append(joined)
     for m in _KB_ID_RE.finditer(text):
-        found.append(ID_PREFIX + m.group(1).rstrip("."))
+        ident = m.group(1).rstrip(".")
+        if not ident.endswith("/"):                      # "kb:nats/adr/" names a folder, not a document
+            found.append(ID_PREFIX + ident)
     return found
 
 
@@ -137,6 +140,9 @@ class RelationStats:
 
 
 _DOC_EXTS = (".md", ".rst", ".txt", ".adoc", ".ipynb")
+_CODE_EXTS = {".py", ".pyi", ".js", ".mjs", ".ts", ".tsx", ".jsx", ".go", ".rs", ".java", ".kt", ".rb", ".php", ".c",
+              ".h", ".cc", ".cpp", ".hpp", ".cs", ".swift", ".scala", ".clj", ".cljs", ".ex", ".exs", ".sql", ".sh",
+              ".lua", ".dart", ".vue", ".svelte"}
 _NUMBERED_FILE_RE = re.compile(r"(?i)^(adr|pep|rfc)[-_]?0*(\d{1,5})\.[a-z]+$")
 _NUMBER_ID_RE = re.compile(r"^(ADR|PEP|RFC)-(\d+)$", re.I)
 
@@ -205,8 +211,12 @@ class _Index:
         hits = self.code_by_path.get(a) or []
         if len(hits) == 1:
             return hits[0]
-        suffix = [d for p, ds in self.code_by_path.items() if p.endswith("/" + a) for d in ds] if "/" in a else \
-            (self.code_by_name.get(a) or [])
+        if "/" in a:
+            suffix = [d for p, ds in self.code_by_path.items() if p.endswith("/" + a) for d in ds]
+        elif posixpath.splitext(a)[1].lower() in _CODE_EXTS:
+            suffix = self.code_by_name.get(a) or []      # "engine.py": the one file of that name
+        else:
+            suffix = []                                   # "kb.yaml": too generic a name to guess its folder
         return suffix[0] if len(suffix) == 1 else None
 
     def _code_ids(self) -> set[int]:
@@ -229,8 +239,10 @@ def resolve_relations(conn: psycopg.Connection) -> RelationStats:
     """Resolve every edge's target, rebuild inverse and touches edges; one transaction. Idempotent: a re-run
     over an unchanged index writes nothing."""
     stats = RelationStats()
-    index = _Index(conn)
     with conn.transaction():
+        # two partitions' projections runs at once: one resolves after the other (same result, no duplicate work)
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (RESOLVE_LOCK_ID,))
+        index = _Index(conn)
         rows = conn.execute("SELECT id, document_id, target, target_document_id FROM relations"
                             " WHERE origin = 'document'").fetchall()
         changes: list[tuple[int, int | None]] = []
@@ -281,8 +293,8 @@ def resolve_relations(conn: psycopg.Connection) -> RelationStats:
 def _path_like(artifact: str) -> bool:
     """A file path (with an extension) or a folder path; not "add/delete/lock"-style word lists."""
     a = artifact.strip("`'\" ")
-    if " " in a or len(a) > 300:
-        return False
+    if " " in a or len(a) > 300 or a.startswith(("/", "~", "../")) or "://" in a:
+        return False                    # outside any source root: nothing in the index to touch
     if _FILE_EXT_RE.search(a) and not a.endswith("."):
         return True
     return a.endswith("/") and a.count("/") >= 1

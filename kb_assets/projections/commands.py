@@ -56,6 +56,15 @@ def tier_text(cfg, tier: int, type_: str | None = None) -> str:
 
 
 def cmd_tier(args, cfg) -> int:
+    if args.tier == "2":
+        if not args.type:
+            print("kb tier: tier 2 is one document at a time: `kb tier 2 kb:<id>` (or `kb show kb:<id>`)",
+                  file=sys.stderr)
+            return 1
+        from kb_assets.query import render_show, show
+
+        print(render_show(show(args.type, config=cfg)))
+        return 0
     try:
         text = tier_text(cfg, int(args.tier), args.type)
     except ProjectionsMissing as exc:

@@ -49,8 +49,8 @@ def use_when(e: Entry) -> str:
     title = _WS.sub(" ", e.title).strip()
     if title and text.lower().startswith(title.lower()):
         text = text[len(title):].lstrip(" —–-:.").strip()
-    if len(text) < 12 and e.first_decision:
-        text = first_sentence(e.first_decision)
+    if (len(text) < 12 or text.endswith(":")) and e.first_decision:
+        text = first_sentence(e.first_decision)     # "...goals that make X important:" introduces, says nothing
     return field_text(text, USE_WHEN_CHARS)
 
 

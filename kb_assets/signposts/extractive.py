@@ -38,7 +38,7 @@ MAX_WORK_TYPES = 5
 
 # Bump when the heuristics change: extractive signposts are then regenerated (cheaply) on the next run, without
 # touching LLM signposts. The schema version is part of it.
-ALGORITHM_VERSION = 1
+ALGORITHM_VERSION = 2     # 2: rationales are reasons (issue 13 §4), artifacts are file paths, no CTE tables
 
 
 class ExtractiveSignposter:
@@ -438,6 +438,11 @@ _STATUS_WORDS = (
 
 
 def normalise_status(raw: str) -> str:
+    """The status as a reader needs it: the canonical word (the one normaliser of the readers,
+    sources/decisions.normalize_status), the document's own word beside it when it differs ("Implemented
+    (Done)"), and a relation it states ("Superseded by ADR-12")."""
+    from kb_assets.sources.decisions import normalize_status as canonical_status
+
     s = clean_inline(raw).strip(" .:-*")
     if not s:
         return ""
@@ -447,6 +452,9 @@ def normalise_status(raw: str) -> str:
             rest = s[len(w):]
             m = re.match(r"^\s+(by|in favou?r of|with)\s+(.{1,60}?)(?:[.;(]|$)", rest, re.I)
             head = _title_case_status(s[: len(w)])
+            canon = canonical_status(head) if not w.startswith("not ") else None
+            if canon and canon.lower() != head.lower():
+                head = f"{canon} ({head})"
             if m and w in ("superseded", "amended", "replaced", "deprecated"):
                 return f"{head} {m.group(1).lower()} {m.group(2).strip()}"
             return head
@@ -465,9 +473,13 @@ def _as_list(value: Any) -> list[str]:
 
 
 def extract_status(doc: ParsedDoc, meta: dict) -> str:
+    raw = clean_inline(str(meta.get("status_raw") or "")).strip()
     for key in ("status", "state"):
         if meta.get(key):
             status = normalise_status(str(meta[key]))
+            # the ADR's own word beside the normalised one: "Accepted (Approved)"
+            if raw and status and status.split()[0].lower() not in raw.lower():
+                status = f"{status} ({shorten(raw, 40)})"
             by = meta.get("superseded_by")
             if isinstance(by, (list, tuple)):
                 by = by[0] if by else ""
@@ -586,7 +598,7 @@ _WE_WILL = re.compile(r"^(?:therefore,?\s+|so,?\s+|thus,?\s+|going forward,?\s+|
                       r"(we\s+(?:will|shall|are going to|'ll)\s+(?!not\s+be\s+able|need\s+to\s+decide|"
                       r"likely|probably|possibly|also\s+need|have\s+to\s+decide|see\b|look\b|discuss|describe|"
                       r"explain|cover|explore|refer)\S.+)", re.I)
-_WE_DECIDED = re.compile(r"\bwe\s+(?:have\s+)?(?:decided|chosen|chose|agreed|opted|selected|settled)\b", re.I)
+_WE_DECIDED = re.compile(r"\bwe(?:'ve|\s+have)?\s+(?:decided|chosen|chose|agreed|opted|selected|settled)\b", re.I)
 _DECISION_VERB = re.compile(r"\b(?:will|shall|must|decided|chose|chosen|adopt\w*|use|using|replace\w*|retire\w*|"
                             r"deprecate\w*|migrate\w*|move|switch\w*|introduc\w*|standardi[sz]e\w*)\b", re.I)
 _THIS_PROPOSES = re.compile(r"^(?:this\s+is\s+a\s+proposal\s+(?:for|to)\b|"
@@ -596,6 +608,79 @@ _THIS_PROPOSES = re.compile(r"^(?:this\s+is\s+a\s+proposal\s+(?:for|to)\b|"
 _BECAUSE = re.compile(r"^(.{12,}?)[,;]?\s+(because|so that|in order to)\s+(.{8,})$", re.I | re.S)
 _STATUS_ONLY = re.compile(r"^(?:implemented|accepted|approved|agreed|done|merged|completed|adopted|rejected|"
                           r"proposed|see above|n/?a|tbd)\b[\w\s,.-]{0,40}$", re.I)
+# A rationale is a reason the document gives: a sentence with one of these cues (not the Context's opening, not a
+# downside listed among the consequences, not another decision).
+_REASON_CUE = re.compile(
+    r"\b(?:because|since|so that|in order to|due to|given (?:that|the)|otherwise|the reason|motivat\w*|"
+    r"(?:this|which|that|it) (?:means|allows?|lets|gives|makes|keeps|avoids|reduces|ensures|enables|removes|"
+    r"simplifies|conforms|provides|will (?:allow|let|make|mean|reduce|give|enable|remove|simplify|improve))|"
+    r"to (?:avoid|ensure|allow|reduce|keep|make|simplify|prevent|remove|enable|improve|support|speed)|"
+    r"benefit\w*|advantage\w*|easier|simpler|cheaper|faster|safer|quicker|more (?:reliable|secure|efficient|"
+    r"flexible|robust|consistent|maintainable)|less (?:work|code|complex\w*|effort|expensive|risk\w*|error)|"
+    r"reduc\w+|avoid\w*|enabl\w+|ensur\w+|improv\w+|conform\w*|standard|recommended|policy|mature|"
+    r"well[- ]known|widely|familiar|proven|burden|unnecessary|too (?:slow|complex|expensive|unreliable|costly)|"
+    r"no longer|deprecat\w+|maintained|supported by|compatib\w+|quickly|able to|less|fewer|no risk|"
+    r"ergonomic\w*|workaround|decreas\w+|widespread|wide adoption|popular|built-in|has (?:native )?support|"
+    r"supports|offers|comes with|out of the box)\b", re.I)
+# Within the Decision section itself, only an explicit reason ("because", "so that", "this allows") is one: its
+# other sentences are mostly more of the design.
+_STRONG_REASON = re.compile(
+    r"\b(?:because|since|so that|in order to|due to|given (?:that|the)|the reason|motivat\w*|benefit\w*|"
+    r"advantage\w*|(?:this|which|that|it|doing so) (?:means|allows?|lets|gives|makes|keeps|avoids|reduces|ensures|"
+    r"enables|removes|simplifies|will (?:allow|let|make|mean|reduce|give|enable|remove|simplify|improve)))\b", re.I)
+_DOWNSIDE = re.compile(
+    r"\b(?:harder|more difficult|difficult|risk\w*|might|may (?:find|need|have|be|not)|will (?:have|need) to|"
+    r"need to|slow(?:er|ly)?|cost(?:s|ly)? more|drawbacks?|downsides?|cannot|can't|won't|not (?:be )?able|"
+    r"only supports?|supports? .{0,40}\bonly\b|limitation\w*|lose|loss|breaking|overhead|bugs?|"
+    r"more (?:work|effort)|larger|worse|may (?:take|cause|require|break|result)|(?:a )?long time)\b", re.I)
+# The problem a decision answers, as the context states it: a reason too (but never the context's opening
+# sentence, which the summary already shows).
+_PROBLEM_CUE = re.compile(
+    r"\b(?:needs?|needed|require[sd]?|requirement|problem\w*|issue\w*|there (?:is|was) no|no way|not possible|"
+    r"impossible|cannot|can't|unable|lack\w*|missing|want\w*|goal|hard to|difficult|painful|error[- ]prone|"
+    r"confus\w+|inconsisten\w+|ambiguous|expensive|slow|manual\w*|duplicat\w+|fragile|brittle|workaround|"
+    r"not ergonomic)\b", re.I)
+_NOT_A_DECISION = re.compile(
+    r"^(?:we\s+(?:have\s+)?(?:discussed|considered|looked at|evaluated|explored|investigated|identified|"
+    r"outlined|reviewed|compared)\b|it (?:must|should) be noted\b|note:|for example\b)", re.I)
+
+
+_IMPERATIVE = re.compile(r"^(?:use|pick|adopt|keep|move|add|remove|create|replace|prefer|choose|switch|stop|start|"
+                         r"run|deploy|store|make|provide|define|introduce|retain|manage|migrate)\b", re.I)
+_BENEFIT_SUBJECT = re.compile(r"^(?:this|it|that|these|doing so|which|because|since|as|so|\w+ing)\b", re.I)
+
+
+def _is_decision_like(sentence: str) -> bool:
+    """Another decision, not a reason for one: "X will be Y", "Pick Z", "To do A, we will B"."""
+    if _THIS_PROPOSES.match(sentence) or _WE_WILL.match(sentence) or _WE_DECIDED.search(sentence):
+        return True
+    if _IMPERATIVE.match(sentence):
+        return True
+    if not re.search(r"\bwe\s+(?:will|shall|must)\b", sentence, re.I) and re.search(
+            r"\b(?:will|would|should)\s+(?:be\s+able|allow|make|reduce|simplif\w*|improve|enable|let|help|"
+            r"mean|remove\s+the\s+need|avoid|give)\b", sentence, re.I):
+        return False                   # "the frontend-lb will be able to be removed": a benefit, not a decision
+    return _main_clause_modal(sentence) and not _BENEFIT_SUBJECT.match(sentence)
+
+
+def _is_reason(sentence: str, *, downside_ok: bool = False) -> bool:
+    if not sentence or _is_decision_like(sentence):
+        return False
+    if not _REASON_CUE.search(sentence):
+        return False
+    if downside_ok:
+        return True
+    # "harder for others to use but make rapid iteration easier": what comes after "but" is the point
+    last = re.split(r"\b(?:but|however|although|though|yet)\b", sentence)[-1]
+    return bool(_REASON_CUE.search(last)) and not _DOWNSIDE.search(re.sub(r"\bno risk\b", "", last, flags=re.I))
+
+
+def _main_clause_modal(sentence: str) -> bool:
+    """"will / must / shall" in the sentence's own clause, not in a "which will allow" aside."""
+    head = re.split(r",?\s+(?:which|that|who|where)\s+", sentence, maxsplit=1)[0]
+    return bool(re.search(r"\b(?:will|must|shall)\b", head)) and not _HEDGE.search(sentence)
+
+
 _RATIONALE_LEAD = re.compile(r"^(?:this|that|it)\s+(?:was|is|has been)\s+(?:driven|motivated|needed|required|"
                              r"because|due)\b|^(?:because|the reason|the motivation)\b", re.I)
 _HEDGE = re.compile(r"\b(?:if we|whether|might|could we|should we|would we)\b", re.I)
@@ -710,6 +795,7 @@ def _decision_section_candidates(sec: Section) -> list[_Cand]:
     if out:
         return out
     prev_intro = ""            # the paragraph before a list, e.g. "We have decided to:" / "Where:"
+    seen_prose = False
     list_ok = False            # inside a list that was accepted as a list of decisions
     for par in pars:
         if not par.strip():
@@ -718,6 +804,10 @@ def _decision_section_candidates(sec: Section) -> list[_Cand]:
             if not list_ok:
                 list_ok = not out or bool(re.search(r"\b(?:to|will|shall|following(?:\s+\w+)?|decided|agreed|"
                                                     r"made|are|is)\s*:$", prev_intro, re.I))
+                # "We discussed three options:" introduces the options weighed, not what was decided
+                if _NOT_A_DECISION.match(prev_intro) or re.search(r"\b(?:options|alternatives|approaches|"
+                                                                   r"choices)\b[^.]*:$", prev_intro, re.I):
+                    list_ok = False
             if list_ok:
                 for text in _bullet_items(par):
                     if _is_decision_bullet(text):
@@ -730,10 +820,15 @@ def _decision_section_candidates(sec: Section) -> list[_Cand]:
         if len(prose) < 8:
             continue
         sents = split_sentences(prose)
+        first_prose = not seen_prose
+        seen_prose = True
         for idx, s in enumerate(sents):
-            opening = not out and idx == 0
+            # only the section's very first sentence is taken as its decision unconditionally
+            opening = not out and idx == 0 and first_prose
             if not (opening or _WE_WILL.match(s) or _WE_DECIDED.search(s)
-                    or (len(out) < 3 and re.search(r"\b(?:will|must|shall)\b", s) and not _HEDGE.search(s))):
+                    or (len(out) < 3 and _main_clause_modal(s))):
+                continue
+            if _NOT_A_DECISION.match(s):
                 continue
             if s.endswith(":"):
                 if not opening:
@@ -742,7 +837,7 @@ def _decision_section_candidates(sec: Section) -> list[_Cand]:
             d, r = _split_because(s)
             if not r and idx + 1 < len(sents):
                 nxt = sents[idx + 1]
-                if not _WE_WILL.match(nxt) and not _WE_DECIDED.search(nxt) and not nxt.endswith(":"):
+                if not nxt.endswith(":") and _is_reason(nxt):
                     r = nxt
             out.append(_Cand(shorten(d, 300), shorten(r, 300) if r else "", primary=opening))
         if len(out) >= MAX_DECISIONS:
@@ -758,6 +853,7 @@ def _harvest(doc: ParsedDoc, skip: set[int]) -> list[_Cand]:
         if idx - 1 in skip or key.startswith("tool"):       # transcript tool calls / outputs are not prose
             continue
         no_will = any(key == n or key.startswith(n + " ") for n in _NO_HARVEST)
+        consequence = any(key == n or key.startswith(n + " ") for n in _CONSEQUENCE_SECTIONS)
         for par in paragraphs(lines):
             sents = split_sentences(_prose(par))
             for i, s in enumerate(sents):
@@ -770,14 +866,27 @@ def _harvest(doc: ParsedDoc, skip: set[int]) -> list[_Cand]:
                         continue
                 elif not (ww and not no_will and not _HEDGE.search(s)):
                     continue
+                if _NOT_A_DECISION.match(s) or (consequence and _DOWNSIDE.search(s)):
+                    continue
                 d, r = _split_because(s)
                 if _PRONOUN_ONLY.match(d.strip()):
                     continue
-                if not r and i + 1 < len(sents) and not _WE_DECIDED.search(sents[i + 1]) \
-                        and not _WE_WILL.match(sents[i + 1]):
+                if not r and i + 1 < len(sents) and _is_reason(sents[i + 1]):
                     r = sents[i + 1]
                 out.append(_Cand(shorten(d, 300), shorten(r, 300) if r else ""))
     return out
+
+
+def _with_subsections(doc: ParsedDoc, i: int) -> tuple[Section, list[int]]:
+    """Section i with the text of its subsections ("## Decision" whose content sits under "### Components")."""
+    sec = doc.sections[i]
+    lines, idx = list(sec.lines), [i]
+    for j in range(i + 1, len(doc.sections)):
+        if doc.sections[j].level <= sec.level:
+            break
+        lines += [""] + doc.sections[j].lines
+        idx.append(j)
+    return Section(sec.title, sec.level, lines), idx
 
 
 def extract_decisions(doc: ParsedDoc) -> list[dict]:
@@ -788,7 +897,12 @@ def extract_decisions(doc: ParsedDoc) -> list[dict]:
             k = s.key
             if (k == name or k.startswith(name + " ")) and i not in dec_idx:
                 dec_idx.add(i)
-                cands += _decision_section_candidates(s)
+                found = _decision_section_candidates(s)
+                if not found and s.level < 6:
+                    merged, idx = _with_subsections(doc, i)
+                    found = _decision_section_candidates(merged)
+                    dec_idx.update(idx)
+                cands += found
     # A Decision section that only says "Implemented and merged." is a status, not a decision.
     cands = [c for c in cands if not _STATUS_ONLY.match(c.decision)]
     # One that opens with "This was driven by ..." gives the rationale; the decision is the design / context
@@ -816,9 +930,12 @@ def extract_decisions(doc: ParsedDoc) -> list[dict]:
                 break
     cands += harvested
     if not cands:
-        # ... else a design doc's opening statement is what it decides.
+        # ... else a design doc's opening statement is what it decides (under a subheading if it has none).
         for name in _DESIGN_SECTIONS:
-            sents = _sentences_of(doc.find(name), first_paragraph_only=True)
+            sec = doc.find(name)
+            if sec is not None and not _sentences_of(sec) and sec.level < 6:
+                sec = _with_subsections(doc, doc.sections.index(sec))[0]
+            sents = _sentences_of(sec, first_paragraph_only=True)
             if sents and not sents[0].endswith(":"):
                 d, r = _split_because(sents[0])
                 cands.append(_Cand(shorten(d, 300), r, primary=True))
@@ -833,32 +950,44 @@ def extract_decisions(doc: ParsedDoc) -> list[dict]:
                         return got
         return []
 
-    rationale_sents = first_with(_RATIONALE_SECTIONS)
-    consequence_first = first_with(_CONSEQUENCE_SECTIONS, first_paragraph_only=True, lists=True)
+    # A Rationale section gives reasons by definition (but not its restatements of the proposal); elsewhere only
+    # sentences that give a reason count: the Decision section's own, then a benefit among the consequences,
+    # then the context's.
+    rationale_sents = [x for x in first_with(_RATIONALE_SECTIONS)
+                       if not (_THIS_PROPOSES.match(x) or _WE_WILL.match(x))]
+    decision_reasons = [x for i in sorted(dec_idx) for x in _sentences_of(doc.sections[i])
+                        if _is_reason(x) and _STRONG_REASON.search(x)]
+    consequence_reasons = [x for x in first_with(_CONSEQUENCE_SECTIONS, lists=True) if _is_reason(x)]
     context_sents: list[str] = []
     for name in _CONTEXT_SECTIONS:
         sec = doc.find(name, prefix=False)
         if sec:
-            context_sents += _sentences_of(sec)
+            context_sents += [x for x in _sentences_of(sec)[1:]
+                              if _is_reason(x, downside_ok=True) or (_PROBLEM_CUE.search(x) and not (
+                                  _THIS_PROPOSES.match(x) or _WE_WILL.match(x) or x.endswith(":")))]
 
     out: list[dict] = []
     seen: set[str] = set()
     for c in cands:
         d = c.decision.strip()
         key = re.sub(r"\W+", " ", d.lower()).strip()
-        if len(key) < 6 or key in seen:
-            continue
+        if len(key) < 6 or key in seen or re.search(r"[\s,](?:and|or|but)\W*$", d):
+            continue                       # a fragment ("To emphasise the difference, and.") decides nothing
         seen.add(key)
         rationale = c.rationale.strip()
         pool_r = [x for x in rationale_sents if x != d]
+        pool_d = [x for x in decision_reasons if x != d and d.rstrip(".") not in x]
+        pool_q = [x for x in consequence_reasons if x != d]
         pool_c = [x for x in context_sents if x != d and d.rstrip(".") not in x]
         if not rationale and (c.primary or not out):
-            # the main decision: a Rationale section, else the first consequence, else the context
+            # the main decision: a Rationale section, else a reason in the Decision section, a benefit among
+            # the consequences, a reason in the context (never just the context's first sentence)
             rationale = (_matching_sentence(d, pool_r) or (pool_r[:1] or [""])[0]
-                         or (consequence_first[:1] or [""])[0]
-                         or _matching_sentence(d, pool_c) or (pool_c[:1] or [""])[0])
+                         or _matching_sentence(d, pool_d) or (pool_d[:1] or [""])[0]
+                         or _matching_sentence(d, pool_q) or _matching_sentence(d, pool_c)
+                         or (pool_q[:1] or [""])[0] or (pool_c[:1] or [""])[0])
         elif not rationale:
-            rationale = _matching_sentence(d, pool_r + pool_c)
+            rationale = _matching_sentence(d, pool_r + pool_d + pool_q + pool_c)
         if rationale and re.sub(r"\W+", " ", rationale.lower()).strip() == key:
             rationale = ""
         out.append({"decision": d, "rationale": shorten(rationale, 300) if rationale else ""})
@@ -873,7 +1002,8 @@ _EXTS = ("py pyi js mjs cjs ts tsx jsx go rs java kt kts rb php c h cc cpp hpp c
          "sh bash zsh ps1 bat yaml yml json jsonl toml ini cfg conf md mdx rst txt tf tfvars hcl proto graphql gql "
          "html htm css scss sass less xml lock env mk gradle ipynb csv tsv pkl j2 jinja tpl erb ex exs lua vue "
          "svelte dart r jl pl pm nix cue rego dockerfile properties plist sbt cmake make mod sum tmpl pkl "
-         "vim el hs ml mli fs fsx erl hrl zig nim asm s wasm").split()
+         "vim el hs ml mli fs fsx erl hrl zig nim asm s wasm "
+         "png jpg jpeg gif svg webp pdf tgz gz zip tar whl jar war sig sigstore pem crt log sqlite parquet").split()
 _EXT_RE = "|".join(sorted(set(_EXTS), key=len, reverse=True))
 _SPECIAL_FILES = ("Dockerfile", "Makefile", "Jenkinsfile", "Procfile", "Gemfile", "Rakefile", "Vagrantfile",
                   "Brewfile", "Justfile", "Containerfile", "CODEOWNERS")
@@ -889,6 +1019,17 @@ _NOT_PATHS = {"and/or", "i/o", "n/a", "tcp/ip", "read/write", "on/off", "client/
               "yes/no", "true/false", "either/or", "e.g", "i.e", "a/b", "w/o", "ui/ux", "ci/cd", "pass/fail"}
 
 
+_REPO_FOLDERS = {"docs", "doc", "src", "lib", "app", "apps", "test", "tests", "spec", "scripts", "script", "bin",
+                 "config", "configs", "conf", "etc", "pkg", "cmd", "internal", "deploy", "deployment", "infra",
+                 "terraform", "charts", "helm", "modules", "packages", "services", "tools", "examples", "migrations",
+                 "db", "api", "web", "frontend", "backend", "server", "client", "assets", "static", "templates",
+                 "adr", "adrs", "architecture", "projects", "k8s", "kubernetes", "manifests", "playbooks", "roles",
+                 "hieradata", "vendor", ".github", ".ci", "bench", "benchmarks", "fixtures", "data", "include"}
+_DOMAIN_PATH = re.compile(r"^(?:[\w-]+\.)+(?:com|org|net|io|dev|gov|uk|edu|co|app|cloud|ai|sh|me|info|biz|eu|us|de)/",
+                          re.I)
+_MIME = re.compile(r"^(?:text|application|image|audio|video|multipart|font|message|model)/[\w.+-]+$", re.I)
+
+
 def _looks_like_path(tok: str, backticked: bool) -> bool:
     low = tok.lower()
     if low in _NOT_PATHS or len(tok) < 4 or len(tok) > 200:
@@ -901,15 +1042,14 @@ def _looks_like_path(tok: str, backticked: bool) -> bool:
         parts = [p for p in tok.split("/") if p not in ("", ".", "..", "~")]
         if not parts:
             return False
-        has_ext = bool(re.search(rf"\.(?:{_EXT_RE})$", tok, re.I)) or parts[-1] in _SPECIAL_FILES
-        if has_ext or backticked or tok.startswith(("./", "../", "~/")):
+        if _DOMAIN_PATH.match(tok) or _MIME.match(tok):
+            return False                   # "github.com/org/repo" (a URL), "text/markdown" (a media type)
+        # A path is shaped like a file (an extension, a well-known file name); slash-separated words ("add/delete/lock", "input/stream/reader", "NATS/1.0") are not paths.
+        if re.search(rf"\.(?:{_EXT_RE})$", tok, re.I) or parts[-1] in _SPECIAL_FILES:
             return True
-        if tok.startswith("/"):
-            return len(parts) >= 2 and not any(" " in p for p in parts)
-        # bare a/b/c: need 3+ segments of path-ish words (not prose like "client/server/cluster")
-        if len(parts) >= 3 and all(re.fullmatch(r"[\w.-]+", p) for p in parts):
-            return any(c in tok for c in "_.-") or tok == tok.lower() or len(parts) >= 4
-        return False
+        # a folder of the usual repository layout ("docs/architecture/decisions", "src/app/"), not prose words
+        return (len(parts) >= 2 and parts[0].lower() in _REPO_FOLDERS
+                and all(re.fullmatch(r"[\w.-]+", p) for p in parts) and not tok.startswith("/"))
     if tok in _SPECIAL_FILES:
         return True
     m = re.search(rf"\.({_EXT_RE})$", tok, re.I)
@@ -1360,8 +1500,15 @@ _SQLISH = re.compile(r"\b(?:select\s[\s\S]+?\sfrom\s|insert\s+into\s|update\s+[\
                      r"(?:create|alter|drop)\s+(?:unlogged\s+|temp\w*\s+)?table\s)", re.I)
 
 
+_CTE_RE = re.compile(r"(?:\bWITH\s+(?:RECURSIVE\s+)?|,\s*)([A-Za-z_]\w*)\s*(?:\([\w\s,]*\)\s*)?AS\s+"
+                     r"(?:NOT\s+)?(?:MATERIALIZED\s+)?\(", re.I)
+
+
 def extract_tables(texts: Iterable[str], *, case_insensitive: bool = False) -> list[str]:
     out: list[str] = []
+    texts = list(texts)
+    # Names a WITH clause defines (`WITH sel AS (...)`) are query-local, not tables: never listed.
+    ctes = {m.group(1).lower() for text in texts for m in _CTE_RE.finditer(text)}
     for text in texts:
         # strip SQL comments so "-- FROM x" style notes do not count
         body = re.sub(r"--[^\n]*", " ", text)
@@ -1369,7 +1516,7 @@ def extract_tables(texts: Iterable[str], *, case_insensitive: bool = False) -> l
             rx2 = re.compile(rx.pattern, re.I) if case_insensitive else rx
             for m in rx2.finditer(body):
                 name = m.group(1).strip('"')
-                if name.lower() in _SQL_NOT_TABLES or name.isdigit() or len(name) < 2:
+                if name.lower() in _SQL_NOT_TABLES or name.isdigit() or len(name) < 2 or name.lower() in ctes:
                     continue
                 if name not in out:
                     out.append(name)
