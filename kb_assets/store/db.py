@@ -138,13 +138,6 @@ def connect(url: str, *, schema: str | None = None, register: bool = True, autoc
     return conn
 
 
-def use_schema(conn: psycopg.Connection, schema: str) -> None:
-    """Point the session at `schema` (created if missing), then the vector extension's schema and nothing else:
-    unqualified names resolve in `schema` first, and no other schema of kb's is ever on the path."""
-    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-    set_search_path(conn, schema)
-
-
 def _migrations() -> list[tuple[int, str, str]]:
     folder = resources.files("kb_assets.store") / "migrations"
     found = []
