@@ -3,14 +3,16 @@ and whether the model stack (torch, sentence-transformers) or an API client was 
 
     /work/wt/schema/.venv/bin/python bench/noop_bench.py \\
         --corpus /work/shared/corpora/adr-nats-io+nats-architecture-and-design-*.tar.gz [--nochange 3] \\
-        [--database-url postgresql://…] [--importtime]
+        [--database-url postgresql://…] [--importtime] [--check-cost] [--work DIR]
 
 It extracts the corpus (a tarball, or a folder) into a fresh work folder, writes a kb.yaml over its `adr/*.md`
 (the local model, extractive signposts, the embedded PostgreSQL under the work folder unless --database-url),
 then runs `kb index --json` once (first: everything is embedded) and --nochange more times, each under
 `/usr/bin/time -v` in its own process. CPU time (user + sys of the kb process) is the figure that does not
 depend on the machine's load; wall time does (report it with `uptime`'s load average, printed here).
---importtime adds `python -X importtime` to the last nochange run and prints the slowest top-level imports.
+--importtime adds `python -X importtime` to the last nochange run and prints the slowest top-level imports;
+--check-cost then times the regression check alone (unchanged, index changed, and as before this change).
+--work DIR with a folder indexed before: every run, the first one too, is a nothing-changed run.
 Targets (nothing changed): wall <= 3 s, peak RSS <= 300 MB, 0 texts embedded, no model import.
 Results: docs/BENCHMARKS.md, "## nothing-changed kb index".
 """
@@ -90,6 +92,43 @@ def run_index(cfg: Path, *, importtime: bool = False) -> dict:
     return row
 
 
+_CHECK_COST = """
+import resource, sys, time
+from kb_assets.config import load_config
+from kb_assets.embedding import make_embedder
+from kb_assets.pipeline.regression_check import run_regression_check
+from kb_assets.store.db import connect, open_database
+from kb_assets.store.schema import regression_schema
+
+cfg, mode = load_config(sys.argv[1]), sys.argv[2]
+embedder = make_embedder(cfg)
+if mode == "as before":   # what every run paid before: the model loaded, the 26 queries embedded
+    with connect(open_database(cfg, schema=regression_schema(cfg.effective_schema()))) as c:
+        c.execute("DELETE FROM query_vectors")
+t0, c0 = time.perf_counter(), time.process_time()
+r = run_regression_check(cfg, embedder, force=mode != "unchanged")
+print("ROW=" + repr((mode, round(time.perf_counter() - t0, 2), round(time.process_time() - c0, 2),
+                     round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), r["reused"],
+                     r["query_vectors_embedded"], "torch" in sys.modules)))
+"""
+
+
+def check_cost(cfg: Path) -> None:
+    """The regression check alone, each in a fresh process: unchanged (reused), index changed (run again with
+    the cached query vectors), and as before this change (model load + every query embedded)."""
+    import ast
+
+    print(f"{'regression check':<18} {'wall s':>7} {'cpu s':>6} {'RSS MB':>7} {'reused':>6} {'embedded':>8} torch")
+    for mode in ("unchanged", "index changed", "as before", "unchanged"):
+        proc = subprocess.run([sys.executable, "-c", _CHECK_COST, str(cfg), mode], capture_output=True, text=True,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+        line = next((x for x in proc.stdout.splitlines() if x.startswith("ROW=")), None)
+        if line is None:
+            raise SystemExit(proc.stderr[-3000:])
+        m, wall, cpu, rss, reused, embedded, torch = ast.literal_eval(line[4:])
+        print(f"{m:<18} {wall:>7} {cpu:>6} {rss:>7} {str(reused):>6} {embedded:>8} {torch}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", default="/work/shared/corpora/adr-nats-io+nats-architecture-and-design-*.tar.gz")
@@ -97,6 +136,8 @@ def main() -> None:
     ap.add_argument("--database-url", default=None, help="a running server instead of the embedded one")
     ap.add_argument("--importtime", action="store_true")
     ap.add_argument("--work", default=None, help="work folder (default: a fresh temporary folder)")
+    ap.add_argument("--check-cost", action="store_true",
+                    help="then the regression check alone: unchanged / index changed / as before (after the runs)")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="kb-noop-", dir="/tmp"))
     work.mkdir(parents=True, exist_ok=True)
@@ -126,6 +167,8 @@ def main() -> None:
     out = Path(__file__).resolve().parent / "out"
     out.mkdir(exist_ok=True)
     (out / "noop_bench.json").write_text(json.dumps({"load": load, "rows": rows}, indent=1))
+    if args.check_cost:
+        check_cost(cfg)
     if failures:
         raise SystemExit(f"nothing-changed targets missed: {sorted(set(failures))}")
 
