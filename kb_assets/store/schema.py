@@ -70,7 +70,9 @@ def set_search_path(conn: psycopg.Connection, schema: str) -> None:
 def intended_schema(conn: psycopg.Connection) -> str:
     """The first entry of the session's search_path (it may not exist yet: current_schema() would skip it)."""
     first = conn.execute("SELECT current_setting('search_path')").fetchone()[0].split(",")[0].strip()
-    return first[1:-1].replace('""', '"') if first.startswith('"') else first
+    first = first[1:-1].replace('""', '"') if first.startswith('"') else first
+    # a connection kb did not open (PostgreSQL's default path starts with "$user"): kb's default schema
+    return default_schema() if first in ("$user", "") else first
 
 
 def _migration_objects(migrations: list[tuple[int, str, str]]) -> tuple[list[str], list[str]]:
