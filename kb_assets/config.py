@@ -196,6 +196,8 @@ class KbConfig(_Strict):
     def _tag_strings(cls, v: Any) -> Any:
         # `- ops` is short for `- {tag: ops}`
         return [{"tag": t} if isinstance(t, str) else t for t in v] if isinstance(v, list) else v
+    # kb's PostgreSQL schema (its tables never mix with Dagster's or anyone's); KB_SCHEMA overrides
+    db_schema: str = Field("kb", alias="schema")
 
     # Filled in by load_config, not read from YAML.
     config_path: str = Field("<default>", exclude=True)
@@ -224,6 +226,28 @@ class KbConfig(_Strict):
 
     def effective_database_url(self) -> str | None:
         return os.environ.get(DATABASE_URL_ENV) or self.database_url
+
+    @field_validator("db_schema")
+    @classmethod
+    def _schema_name(cls, v: str) -> str:
+        from kb_assets.store.schema import schema_problem
+
+        problem = schema_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    def effective_schema(self) -> str:
+        """KB_SCHEMA, else `schema` (default `kb`); a bad KB_SCHEMA is a ConfigError naming it."""
+        from kb_assets.store.schema import SCHEMA_ENV, env_schema, schema_problem
+
+        env = env_schema()
+        if env:
+            problem = schema_problem(env)
+            if problem:
+                raise ConfigError(self.config_path, SCHEMA_ENV, problem, "use a name such as 'kb' or 'kb_team'")
+            return env
+        return self.db_schema
 
     @property
     def embedder_max_tokens(self) -> int:
@@ -256,6 +280,8 @@ def _fix_for(err: dict[str, Any]) -> str:
         return f"use one of {err.get('ctx', {}).get('expected', '')}"
     if t == "missing":
         return f"add {loc[-1]!r}"
+    if tuple(loc) == ("schema",):
+        return "use a lower-case SQL name such as 'kb' (or leave it out)"
     return "see the kb.yaml reference in README.md"
 
 

@@ -55,11 +55,12 @@ def _repo(root: Path, fams: dict, token_name: str) -> None:
 
 
 def _dump_database(conn) -> str:
-    """Every row of every table in the public schema, as text."""
+    """Every row of every table in every schema (kb's own and any other), as text."""
     parts = []
-    tables = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
-    for t in tables:
-        for (row,) in conn.execute(f'SELECT t::text FROM "{t}" t'):
+    tables = conn.execute("SELECT schemaname, tablename FROM pg_tables"
+                          " WHERE schemaname NOT IN ('pg_catalog', 'information_schema')").fetchall()
+    for schema, t in tables:
+        for (row,) in conn.execute(f'SELECT t::text FROM "{schema}"."{t}" t'):
             parts.append(row)
     return "\n".join(parts)
 

@@ -8,7 +8,7 @@ from kb_assets.store.db import connect, migrate
 def test_migrate_is_idempotent(db_url):
     with connect(db_url) as c:
         assert migrate(c) == []
-        names = {r[0] for r in c.execute("SELECT tablename FROM pg_tables WHERE schemaname='public'")}
+        names = {r[0] for r in c.execute("SELECT tablename FROM pg_tables WHERE schemaname=current_schema()")}
     assert {"sources", "documents", "chunks", "embedding_spaces", "signposts", "signpost_state"} <= names
 
 

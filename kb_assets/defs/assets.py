@@ -16,10 +16,10 @@ GROUP = "kb"
 
 def _table(rows: list[dict], columns: list[str]) -> dg.MetadataValue:
     """A markdown table preview (pandas: what data engineers read in the UI)."""
+    if not rows:
+        return dg.MetadataValue.md("_none_")   # before importing pandas: ~0.5 s of a nothing-changed run
     import pandas as pd
 
-    if not rows:
-        return dg.MetadataValue.md("_none_")
     return dg.MetadataValue.md(pd.DataFrame(rows, columns=columns).to_markdown(index=False))
 
 

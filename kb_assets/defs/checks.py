@@ -7,7 +7,6 @@ from kb_assets.defs.assets import (kb_chunks, kb_documents, kb_embeddings, kb_pr
 from kb_assets.defs.resources import KbResource
 from kb_assets.pipeline.embeddings import count_missing
 from kb_assets.store import spaces
-from kb_assets.store.locks import ddl_lock, source_lock
 
 SIGNPOST_FAILURE_RATE_LIMIT = 0.05
 
@@ -73,41 +72,23 @@ def signpost_failure_rate(kb: KbResource) -> dg.AssetCheckResult:
         metadata={"documents": active, "failing": failing, "parked": parked, "failure_rate": round(rate, 4)})
 
 
-REGRESSION_SCHEMA = "kb_regression"
-
-
 @dg.asset_check(asset=kb_search_index, description=(
     "The committed regression set (agent-style queries over a fixed corpus shipped in kb_assets/query/"
-    "regression/) finds its expected documents in the top 3, with the configured embedder and query settings. "
-    "The corpus is indexed into its own schema, so the check never touches the real index; after the first "
-    "run it costs only the queries."))
+    "regression/) finds its expected documents in the top 3, with the configured embedder. The corpus is "
+    "indexed into its own schema (kb's schema + _regression), so the check never touches the real index. It "
+    "runs again only when something it depends on changed (either index, the embedder, the query code): "
+    "otherwise it reports its stored result, marked reused, without loading the model; query vectors are "
+    "cached per model."))
 def recall_regression_set(kb: KbResource) -> dg.AssetCheckResult:
-    from kb_assets.config import SourceConfig
-    from kb_assets.pipeline import index_sources
-    from kb_assets.query.regression import run_regression, source_config
-    from kb_assets.signposts.extractive import ExtractiveSignposter
-    from kb_assets.store.db import connect, migrate, use_schema
+    from kb_assets.pipeline.regression_check import run_regression_check
 
-    cfg = kb.config.model_copy(update={"sources": [SourceConfig(**source_config())]})
-    embedder = kb.embedder()
-    url = kb.database_url()
-    # its schema is shared by every run: two runs at once index it one after the other
-    with source_lock(url, "kb-regression-check"), connect(url, register=False) as conn:
-        with conn.transaction():   # two runs at once: CREATE SCHEMA IF NOT EXISTS can still collide
-            ddl_lock(conn)
-            # its own schema, then only the vector extension's: what it creates and reads stays in its schema
-            use_schema(conn, REGRESSION_SCHEMA)
-        migrate(conn)
-        from pgvector.psycopg import register_vector
-
-        register_vector(conn)
-        # extractive signposts: the set measures retrieval, and must not spend LLM calls
-        index_sources(cfg, conn, embedder=embedder, signposter=ExtractiveSignposter())
-        report = run_regression(conn, "regression", embedder=embedder)
+    report = run_regression_check(kb.config, kb.embedder())
     misses = [d for d in report["details"] if not d["ok"]]
     return dg.AssetCheckResult(
         passed=report["passed"], severity=dg.AssetCheckSeverity.WARN,
         metadata={"hits": report["hits"], "total": report["total"], "mrr": report["mrr"],
+                  "reused": report["reused"], "checked_at": report.get("checked_at") or "now",
+                  "query_vectors_embedded": report["query_vectors_embedded"],
                   "misses": dg.MetadataValue.json([{k: d[k] for k in ("id", "query", "expected", "got")}
                                                    for d in misses])})
 

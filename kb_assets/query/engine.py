@@ -223,7 +223,7 @@ def _resolve_config(config):
 def _connection_for(cfg):
     from kb_assets.store.db import connect, open_database
 
-    key = (cfg.config_path, cfg.effective_database_url() or str(cfg.data_path()))
+    key = (cfg.config_path, cfg.effective_database_url() or str(cfg.data_path()), cfg.effective_schema())
     with _cache_lock:
         url = _urls.get(key)
     if url is None:

@@ -1,0 +1,81 @@
+"""A `kb index` with nothing changed costs nothing: no embedding call, no model load (torch and
+sentence-transformers are never imported), and the regression check reports its stored result. When the index
+does change, the check runs again but its query vectors come from the cache. Whole `kb index` processes
+(the CLI runs the Dagster job with its checks), real embedded PostgreSQL, real local model. Not timed."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+
+HEAVY = ("torch", "sentence_transformers", "transformers", "voyageai", "google.genai")
+
+_RUN = (
+    "import json, sys\n"
+    "from kb_assets.cli import main\n"
+    "rc = main(sys.argv[1:])\n"
+    "heavy = sorted(m for m in sys.modules if any(m == h or m.startswith(h + '.') for h in %r))\n"
+    "print('HEAVY=' + json.dumps(heavy), file=sys.stderr)\n"
+    "sys.exit(rc)\n" % (HEAVY,))
+
+
+def _kb_index(cfg: Path) -> tuple[dict, list[str]]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env.pop("KB_CONFIG", None)
+    proc = subprocess.run([sys.executable, "-c", _RUN, "index", "--config", str(cfg), "--json"],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    heavy = json.loads(next(line for line in proc.stderr.splitlines() if line.startswith("HEAVY="))[6:])
+    return json.loads(proc.stdout), heavy
+
+
+def _embedded(out: dict) -> int:
+    return sum(s["this_run"]["embeddings"].get("chunks_embedded", 0) for s in out["sources"])
+
+
+def _check_state(db_url: str) -> tuple[str, str, int]:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        checked_at, fp = conn.execute("SELECT checked_at::text, fingerprint FROM kb_regression.check_results"
+                                      " WHERE name = 'recall_regression_set'").fetchone()
+        n_vectors = conn.execute("SELECT count(*) FROM kb_regression.query_vectors").fetchone()[0]
+    return checked_at, fp, n_vectors
+
+
+def test_unchanged_reindex_makes_no_embedding_call_and_loads_no_model(tmp_path, db_url):
+    from kb_assets.query.regression import load_queries
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for n in range(1, 4):
+        (docs / f"ADR-{n}.md").write_text(
+            f"# ADR {n}: decision number {n}\n\n## Context\n\nStreams need retention rule {n} because storage "
+            f"grows without bound.\n\n## Decision\n\nWe keep {n * 7} days of messages per stream.\n")
+    cfg = tmp_path / "kb.yaml"
+    cfg.write_text(json.dumps({"data_dir": str(tmp_path / "data"), "database_url": db_url,
+                               "sources": [{"key": "adrs", "kind": "adr", "root": str(docs),
+                                            "include": ["*.md"]}]}))
+    first, _ = _kb_index(cfg)
+    assert _embedded(first) >= 3
+    checked_1, fp_1, n_vectors = _check_state(db_url)
+    assert n_vectors == len({q["query"] for q in load_queries()})   # every regression query, cached once
+
+    second, heavy = _kb_index(cfg)
+    assert _embedded(second) == 0
+    assert second["sources"][0]["this_run"]["documents"]["unchanged"] == 3
+    assert heavy == [], f"a nothing-changed kb index imported {heavy}"
+    # the regression check reported its stored result (same fingerprint, not run again)
+    assert _check_state(db_url) == (checked_1, fp_1, n_vectors)
+
+    # the index changes: the check runs again, with the cached query vectors (no query embedded again)
+    (docs / "ADR-2.md").write_text(
+        "# ADR 2: decision number 2, revised\n\n## Context\n\nStreams need a longer retention because replays "
+        "of old messages are common.\n\n## Decision\n\nWe keep 30 days of messages per stream from now on.\n")
+    third, _ = _kb_index(cfg)
+    assert _embedded(third) >= 1
+    checked_3, fp_3, n_vectors_3 = _check_state(db_url)
+    assert fp_3 != fp_1 and checked_3 != checked_1
+    assert n_vectors_3 == n_vectors
