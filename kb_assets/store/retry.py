@@ -92,7 +92,9 @@ def retry_call(fn: Callable[[], T], *, url: str, budget: float = DEFAULT_RETRY_S
     def before_sleep(state) -> None:
         exc = state.outcome.exception()
         waited = time.monotonic() - first_failure[0]
-        log.warning("database error (%s); retrying for up to %.0f s more", first_line(exc), max(0.0, budget - waited))
+        # one line per outage, not one per attempt
+        log.log(logging.WARNING if state.attempt_number == 1 else logging.DEBUG,
+                "database error (%s); retrying for up to %.0f s", first_line(exc), max(0.0, budget - waited))
         if on_retry is not None:
             on_retry(exc, waited)
 
