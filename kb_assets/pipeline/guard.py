@@ -19,7 +19,7 @@ _last_unreachable: list[BaseException] = []
 def run_stage(cfg, source_key: str | None, fn: Callable[..., T], *, lock: bool = True,
               on_wait: Callable[[str], None] | None = None) -> T:
     """fn(conn) with a fresh connection (and the source's lock when `lock` and a source is given)."""
-    from kb_assets.store.db import cfg_retry_seconds, connect, open_database_once
+    from kb_assets.store.db import cfg_retry_seconds, connect, database_origin, open_database_once
     from kb_assets.store.locks import source_lock
     from kb_assets.store.retry import DatabaseUnreachable, retry_call
 
@@ -35,7 +35,8 @@ def run_stage(cfg, source_key: str | None, fn: Callable[..., T], *, lock: bool =
     _trace(stage, "start")
     try:
         with cancel.quiet_signals():
-            return retry_call(attempt, url=cfg.effective_database_url() or f"(embedded, {cfg.data_path() / 'pg'})",
+            url, origin = database_origin(cfg)
+            return retry_call(attempt, url=url, origin=origin,
                               # the database stayed away for a stage already: the next ones try once
                               budget=0.0 if _last_unreachable else cfg_retry_seconds(cfg))
     except DatabaseUnreachable as exc:

@@ -117,9 +117,19 @@ def open_database(cfg, *, retry_seconds: float | None = None) -> str:
     from kb_assets.store.retry import retry_call
 
     budget = cfg_retry_seconds(cfg) if retry_seconds is None else retry_seconds
-    url = cfg.effective_database_url()
-    return retry_call(lambda: open_database_once(cfg), url=url or f"(embedded, {cfg.data_path() / 'pg'})",
-                      budget=budget)
+    url, origin = database_origin(cfg)
+    return retry_call(lambda: open_database_once(cfg), url=url, origin=origin, budget=budget)
+
+
+def database_origin(cfg) -> tuple[str, str]:
+    """(the URL or the embedded folder, where it was configured) for messages."""
+    from kb_assets.config import DATABASE_URL_ENV
+
+    if os.environ.get(DATABASE_URL_ENV):
+        return os.environ[DATABASE_URL_ENV], f"${DATABASE_URL_ENV}"
+    if cfg.database_url:
+        return cfg.database_url, f"database_url in {cfg.config_path}"
+    return str(cfg.data_path() / "pg"), "the embedded server"
 
 
 def cfg_retry_seconds(cfg) -> float:
