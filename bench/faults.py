@@ -75,14 +75,25 @@ class Env:
 
 
 def start_index(env: Env, config: Path, calls: Path, trace: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([PY, "-m", "kb_assets.cli", "index", "--config", str(config), "--json", *extra],
-                            env=env.vars(calls, trace), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=str(REPO))
+    # Output to files, not pipes: after a hard exit, Dagster's log-tail helpers can hold a pipe open for a
+    # while, and the time to stop is the process's, not theirs.
+    out = tempfile.NamedTemporaryFile("w+", prefix="kb-out-", delete=False)
+    err = tempfile.NamedTemporaryFile("w+", prefix="kb-err-", delete=False)
+    proc = subprocess.Popen([PY, "-m", "kb_assets.cli", "index", "--config", str(config), "--json", *extra],
+                            env=env.vars(calls, trace), stdout=out, stderr=err, text=True, cwd=str(REPO))
+    proc.out_path, proc.err_path = out.name, err.name   # type: ignore[attr-defined]
+    out.close()
+    err.close()
+    return proc
 
 
 def finish(proc: subprocess.Popen, timeout: float = 900) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, err
+    proc.wait(timeout=timeout)
+    texts = []
+    for path in (proc.out_path, proc.err_path):   # type: ignore[attr-defined]
+        texts.append(Path(path).read_text(errors="replace"))
+        os.unlink(path)
+    return proc.returncode, texts[0], texts[1]
 
 
 def texts_embedded(calls: Path) -> int:
@@ -377,7 +388,7 @@ class Harness:
             trial.fault_rc = rc
             if sig == signal.SIGTERM:
                 lines = [ln for ln in err.splitlines() if ln.startswith("kb index: stopped by")]
-                trial.notes += f" line: {lines[-1][:160]}" if lines else " no stop line;"
+                trial.notes += f" line: {lines[-1]}" if lines else " no stop line;"
         if sig == signal.SIGKILL:
             trial.notes += f" handles after kill: {len(handle_pids(d / '.kb'))};"
         self._rerun_and_compare(trial, d, cfg, calls, trace)
