@@ -82,7 +82,7 @@ def recall_regression_set(kb: KbResource) -> dg.AssetCheckResult:
     embedder = kb.embedder()
     url = kb.database_url()
     # its schema is shared by every run: two runs at once index it one after the other
-    with source_lock(url, "kb-regression-check"), connect(url, register=False) as conn:
+    with source_lock(url, ":regression-check"), connect(url, register=False) as conn:
         with conn.transaction():   # two runs at once: CREATE SCHEMA IF NOT EXISTS can still collide
             ddl_lock(conn)
             conn.execute(f"CREATE SCHEMA IF NOT EXISTS {REGRESSION_SCHEMA}")

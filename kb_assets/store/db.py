@@ -20,6 +20,7 @@ HANDLE_FILE = ".handle_pids.json"   # pgserver's per-data-folder list of live ha
 
 _servers: dict[str, object] = {}   # pgserver handles kept alive for the life of the process
 _servers_lock = threading.Lock()
+_released = False   # release_embedded() ran: the process is exiting
 
 
 class DatabaseError(Exception):
@@ -38,6 +39,8 @@ def embedded_url(data_dir: Path) -> str:
     pgdata = (data_dir / "pg").resolve()
     key = str(pgdata)
     with _servers_lock:
+        if _released:   # a hard exit let go of the handles: joining again now would leave our pid behind
+            raise DatabaseError("this process is exiting: the embedded PostgreSQL handle was released")
         server = _servers.get(key)
         if server is None:
             pgdata.parent.mkdir(parents=True, exist_ok=True)
@@ -96,7 +99,9 @@ def _revive(server, pgdata: Path) -> None:
 def release_embedded() -> None:
     """Let go of this process's embedded-server handles now (a hard exit skips atexit): the server stops
     if no other live process holds it."""
+    global _released
     with _servers_lock:
+        _released = True
         servers = list(_servers.items())
         _servers.clear()
     for key, server in servers:
