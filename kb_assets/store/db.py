@@ -96,12 +96,12 @@ def _revive(server, pgdata: Path) -> None:
                                        f"be started yet: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}") from exc
 
 
-def release_embedded() -> None:
+def release_embedded(*, exiting: bool = False) -> None:
     """Let go of this process's embedded-server handles now (a hard exit skips atexit): the server stops
     if no other live process holds it."""
     global _released
     with _servers_lock:
-        _released = True
+        _released = _released or exiting
         servers = list(_servers.items())
         _servers.clear()
     for key, server in servers:
