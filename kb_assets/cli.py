@@ -127,6 +127,8 @@ def _index(args, run) -> int:
         progress_mod.set_current(_RichProgress(bars) if use_bars else None)
         try:
             for n, key in enumerate(keys):
+                if run.stopping:   # a signal before this source started
+                    break
                 run.current, run.pending = key, keys[n + 1:]
                 # one run per source at a time: wait for (or, --no-wait, refuse) another run holding it
                 with source_lock(url, key, wait=not args.no_wait, check=cancel.check,
