@@ -128,6 +128,7 @@ def _index(args, run) -> int:
         try:
             for n, key in enumerate(keys):
                 if run.stopping:   # a signal before this source started
+                    run.pending = keys[n:]
                     break
                 run.current, run.pending = key, keys[n + 1:]
                 # one run per source at a time: wait for (or, --no-wait, refuse) another run holding it
