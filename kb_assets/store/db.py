@@ -92,8 +92,9 @@ def _revive(server, pgdata: Path) -> None:
         with PostgresServer._lock:
             server.ensure_postgres_running()
     except Exception as exc:  # a transient outage to the retry loop (orphan backends may still be exiting)
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         raise psycopg.OperationalError(f"the embedded PostgreSQL in {pgdata} is not running and could not "
-                                       f"be started yet: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}") from exc
+                                       f"be started yet: {why}") from exc
 
 
 def release_embedded(*, exiting: bool = False) -> None:
