@@ -361,7 +361,7 @@ class Harness:
             got = self._snapshot_embedded(d / ".kb")
         else:
             got = snapshot(url)
-        trial.diffs = compare(self.clean, got)
+        trial.diffs += compare(self.clean, got)
         return trial
 
     def _fault_at(self, kind: str, stage: str, sig: int) -> Trial:
@@ -406,12 +406,14 @@ class Harness:
         write_config(cfg, self.corpus, d / ".kb", batch_rows=self.batch_rows)
         trial = Trial(kind="two runs at once", target="whole run")
         first = start_index(self.env, cfg, calls, trace)
-        time.sleep(self.rng.uniform(0.5, 3.0))
+        # once the first holds its first source, a second run (which must wait) and a --no-wait run (which
+        # must exit 3) start together
+        wait_for_stage(trace, first.pid, "kb_documents", first)
+        time.sleep(self.rng.uniform(0.0, 1.0))
         second = start_index(self.env, cfg, calls, trace)
-        wait_for_stage(trace, first.pid, "kb_embeddings", first)
         third = start_index(self.env, cfg, calls, trace, "--no-wait")
         rc3, _, err3 = finish(third)
-        rc1, out1, _ = finish(first)
+        rc1, out1, err1 = finish(first)
         rc2, out2, err2 = finish(second)
         trial.fault_rc = rc1
         own = []
@@ -424,7 +426,7 @@ class Harness:
         both = texts_embedded(calls)
         trial.notes = (f" rc {rc1}/{rc2}, --no-wait rc {rc3}; summaries: embedded {own[0]} + {own[1]};"
                        f" texts by both: {both} (clean {self.clean_texts});"
-                       f" waited: {'waiting for source' in err2}; --no-wait line: "
+                       f" waited: {'waiting for source' in err1 + err2}; --no-wait line: "
                        f"{(err3.strip().splitlines() or [''])[-1][:120]}")
         if rc1 or rc2 or rc3 != 3 or both != self.clean_texts:
             trial.diffs.append("concurrent runs: wrong exit codes or duplicated work")
