@@ -386,7 +386,7 @@ class Harness:
                 trial.notes += " did not stop within 60 s;"
             trial.stop_seconds = round(time.perf_counter() - sent, 2)
             trial.fault_rc = rc
-            if sig == signal.SIGTERM:
+            if sig != signal.SIGKILL:
                 lines = [ln for ln in err.splitlines() if ln.startswith("kb index: stopped by")]
                 trial.notes += f" line: {lines[-1]}" if lines else " no stop line;"
         if sig == signal.SIGKILL:
@@ -498,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.sigterms):
         run(h.sigterm("kb_embeddings"))
     run(h.sigterm("kb_documents"))
+    run(h._fault_at("SIGINT", "kb_chunks", signal.SIGINT))
     run(h.concurrent())
     run(h.database_restart(3))
     run(h.database_restart(15))
