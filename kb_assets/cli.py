@@ -65,7 +65,7 @@ class _RichProgress:
 def cmd_index(args) -> int:
     from kb_assets import index_run
 
-    run = index_run.IndexRun().install()   # first: signals are blocked before any thread starts
+    run = index_run.IndexRun().install()   # first: before Dagster swaps in its own signal handlers
     try:
         return _index(args, run)
     except Exception as exc:
@@ -112,7 +112,7 @@ def _index(args, run) -> int:
     job = definitions.resolve_job_def("kb_index")
     # Two first runs on one fresh $DAGSTER_HOME raced on its sqlite schema (alembic "more than one head"):
     # the instance is opened under a lock of our database.
-    with source_lock(url, "dagster-instance", check=cancel.check):
+    with source_lock(url, ":dagster-instance", check=cancel.check):   # ":" is no source key
         instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
     run_config = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
     console = _console(stderr=True)
@@ -128,6 +128,9 @@ def _index(args, run) -> int:
         progress_mod.set_current(_RichProgress(bars) if use_bars else None)
         try:
             for n, key in enumerate(keys):
+                if run.stopping:   # a signal before this source started
+                    run.pending = keys[n:]
+                    break
                 run.current, run.pending = key, keys[n + 1:]
                 # one run per source at a time: wait for (or, --no-wait, refuse) another run holding it
                 with source_lock(url, key, wait=not args.no_wait, check=cancel.check,

@@ -212,7 +212,7 @@ def release_resources() -> None:
     try:
         from kb_assets.store.db import release_embedded
 
-        release_embedded()
+        release_embedded(exiting=True)
     except Exception:
         pass
 

@@ -51,16 +51,30 @@ def test_voyage_without_key(tmp_path, capsys, monkeypatch):
 
 
 def test_unreachable_database_url(tmp_path, capsys, monkeypatch):
+    # A server that does not answer is an outage, not a configuration mistake: its own exit code (4), after
+    # the bounded retry (database_retry_seconds), in one line naming where the URL came from.
     code, err = _run(tmp_path, capsys,
-                     "database_url: postgresql://kb@127.0.0.1:1/kb\nsources:\n  - {key: a, kind: doc, root: docs}\n",
+                     "database_url: postgresql://kb:s3cret@127.0.0.1:1/kb\ndatabase_retry_seconds: 0\n"
+                     "sources:\n  - {key: a, kind: doc, root: docs}\n",
                      "status", monkeypatch=monkeypatch)
-    assert code == 2 and "database_url" in err and "cannot connect" in err and len(err.splitlines()) == 1
+    assert code == 4 and len(err.splitlines()) == 1, err
+    assert "unreachable" in err and "127.0.0.1:1" in err and "database_url" in err and "s3cret" not in err
 
 
 def test_env_database_url_is_named_when_it_is_the_culprit(tmp_path, capsys, monkeypatch):
-    code, err = _run(tmp_path, capsys, "sources: []\n", "status",
+    code, err = _run(tmp_path, capsys, "database_retry_seconds: 0\nsources: []\n", "status",
                      env={"KB_DATABASE_URL": "postgresql://kb@127.0.0.1:1/kb"}, monkeypatch=monkeypatch)
-    assert code == 2 and "KB_DATABASE_URL" in err
+    assert code == 4 and "KB_DATABASE_URL" in err
+
+
+def test_unknown_database_on_a_live_server_is_a_configuration_mistake(tmp_path, capsys, monkeypatch, pg_server_url):
+    import psycopg.conninfo as ci
+
+    params = ci.conninfo_to_dict(pg_server_url)
+    params["dbname"] = "no_such_database"
+    code, err = _run(tmp_path, capsys, "sources: []\n", "status",
+                     env={"KB_DATABASE_URL": ci.make_conninfo(**params)}, monkeypatch=monkeypatch)
+    assert code == 2 and "KB_DATABASE_URL" in err and "does not exist" in err and len(err.splitlines()) == 1
 
 
 def test_missing_config_file(tmp_path, capsys):

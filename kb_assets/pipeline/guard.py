@@ -19,7 +19,7 @@ _last_unreachable: list[BaseException] = []
 def run_stage(cfg, source_key: str | None, fn: Callable[..., T], *, lock: bool = True,
               on_wait: Callable[[str], None] | None = None) -> T:
     """fn(conn) with a fresh connection (and the source's lock when `lock` and a source is given)."""
-    from kb_assets.store.db import cfg_retry_seconds, connect, open_database_once
+    from kb_assets.store.db import cfg_retry_seconds, connect, database_origin, open_database_once
     from kb_assets.store.locks import source_lock
     from kb_assets.store.retry import DatabaseUnreachable, retry_call
 
@@ -31,13 +31,36 @@ def run_stage(cfg, source_key: str | None, fn: Callable[..., T], *, lock: bool =
         with held, connect(url) as conn:
             return fn(conn)
 
+    stage = getattr(fn, "__qualname__", "stage").split(".")[0]
+    _trace(stage, "start")
     try:
         with cancel.quiet_signals():
-            return retry_call(attempt, url=cfg.effective_database_url() or f"(embedded, {cfg.data_path() / 'pg'})",
-                              budget=cfg_retry_seconds(cfg))
+            url, origin = database_origin(cfg)
+            return retry_call(attempt, url=url, origin=origin,
+                              # the database stayed away for a stage already: the next ones try once
+                              budget=0.0 if _last_unreachable else cfg_retry_seconds(cfg))
     except DatabaseUnreachable as exc:
         _last_unreachable.append(exc)
         raise
+    finally:
+        _trace(stage, "end")
+
+
+TRACE_ENV = "KB_STAGE_TRACE"   # a file: "<time> <pid> <stage> start|end" per stage (the fault harness's clock)
+
+
+def _trace(stage: str, event: str) -> None:
+    import os
+    import time
+
+    path = os.environ.get(TRACE_ENV)
+    if not path:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{time.time():.3f} {os.getpid()} {stage} {event}\n".encode())
+    finally:
+        os.close(fd)
 
 
 def last_unreachable() -> BaseException | None:

@@ -101,7 +101,7 @@ def run_regression_check(cfg, embedder, *, k: int = 3, force: bool = False) -> d
     main_url = open_database(cfg)   # kb's own schema first: an old install in public moves there, not here
     reg_cfg = cfg.model_copy(update={"sources": [SourceConfig(**source_config())]})
     # its schema is shared by every run: two runs at once index it and check one after the other
-    with source_lock(main_url, "kb-regression-check"), \
+    with source_lock(main_url, ":regression-check"), \
             connect(open_database(cfg, schema=regression_schema(cfg.effective_schema()))) as conn, \
             connect(main_url, register=False) as main:
         # extractive signposts: the set measures retrieval, and must not spend LLM calls

@@ -25,6 +25,7 @@ HANDLE_FILE = ".handle_pids.json"   # pgserver's per-data-folder list of live ha
 
 _servers: dict[str, object] = {}   # pgserver handles kept alive for the life of the process
 _servers_lock = threading.Lock()
+_released = False   # release_embedded() ran: the process is exiting
 
 
 class DatabaseError(Exception):
@@ -43,6 +44,8 @@ def embedded_url(data_dir: Path) -> str:
     pgdata = (data_dir / "pg").resolve()
     key = str(pgdata)
     with _servers_lock:
+        if _released:   # a hard exit let go of the handles: joining again now would leave our pid behind
+            raise DatabaseError("this process is exiting: the embedded PostgreSQL handle was released")
         server = _servers.get(key)
         if server is None:
             pgdata.parent.mkdir(parents=True, exist_ok=True)
@@ -114,14 +117,17 @@ def _revive(server, pgdata: Path) -> None:
         with PostgresServer._lock:
             server.ensure_postgres_running()
     except Exception as exc:  # a transient outage to the retry loop (orphan backends may still be exiting)
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         raise psycopg.OperationalError(f"the embedded PostgreSQL in {pgdata} is not running and could not "
-                                       f"be started yet: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}") from exc
+                                       f"be started yet: {why}") from exc
 
 
-def release_embedded() -> None:
+def release_embedded(*, exiting: bool = False) -> None:
     """Let go of this process's embedded-server handles now (a hard exit skips atexit): the server stops
     if no other live process holds it."""
+    global _released
     with _servers_lock:
+        _released = _released or exiting
         servers = list(_servers.items())
         _servers.clear()
     for key, server in servers:
@@ -144,9 +150,19 @@ def open_database(cfg, *, schema: str | None = None, retry_seconds: float | None
     from kb_assets.store.retry import retry_call
 
     budget = cfg_retry_seconds(cfg) if retry_seconds is None else retry_seconds
-    url = cfg.effective_database_url()
-    return retry_call(lambda: open_database_once(cfg, schema=schema),
-                      url=url or f"(embedded, {cfg.data_path() / 'pg'})", budget=budget)
+    url, origin = database_origin(cfg)
+    return retry_call(lambda: open_database_once(cfg, schema=schema), url=url, origin=origin, budget=budget)
+
+
+def database_origin(cfg) -> tuple[str, str]:
+    """(the URL or the embedded folder, where it was configured) for messages."""
+    from kb_assets.config import DATABASE_URL_ENV
+
+    if os.environ.get(DATABASE_URL_ENV):
+        return os.environ[DATABASE_URL_ENV], f"${DATABASE_URL_ENV}"
+    if cfg.database_url:
+        return cfg.database_url, f"database_url in {cfg.config_path}"
+    return str(cfg.data_path() / "pg"), "the embedded server"
 
 
 def cfg_retry_seconds(cfg) -> float:

@@ -119,7 +119,8 @@ def source_lock(url: str, source_key: str, *, wait: bool = True, on_wait: Callab
         return
 
     key = source_lock_key(source_key)
-    conn = psycopg.connect(url, autocommit=True, application_name=f"kb pid={os.getpid()} waiting", **(connect_kwargs or {}))
+    conn = psycopg.connect(url, autocommit=True, application_name=f"kb pid={os.getpid()} waiting",
+                           **(connect_kwargs or {}))
     try:
         told = None
         while not conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:

@@ -30,10 +30,11 @@ _CONFIG_MESSAGES = ("password authentication failed", "does not exist", "no pg_h
 class DatabaseUnreachable(Exception):
     """The database did not answer within the retry budget: str() is one line for the operator."""
 
-    def __init__(self, url: str, detail: str, waited: float):
+    def __init__(self, url: str, detail: str, waited: float, origin: str = ""):
         self.url, self.detail, self.waited = redact_url(url), detail, waited
-        super().__init__(f"the database at {self.url} is unreachable: {detail} (retried for {waited:.0f} s) — "
-                         "start it (or check the network), then re-run: committed work is kept")
+        where = f" ({origin})" if origin else ""
+        super().__init__(f"the database at {self.url}{where} is unreachable: {detail} (retried for {waited:.0f} s)"
+                         " — start it (or check the network), then re-run: committed work is kept")
 
 
 def redact_url(url: str) -> str:
@@ -74,7 +75,7 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
-def retry_call(fn: Callable[[], T], *, url: str, budget: float = DEFAULT_RETRY_SECONDS,
+def retry_call(fn: Callable[[], T], *, url: str, budget: float = DEFAULT_RETRY_SECONDS, origin: str = "",
                on_retry: Callable[[BaseException, float], None] | None = None,
                transient: Callable[[BaseException], bool] = is_transient) -> T:
     """Call fn until it returns, retrying transient database errors with backoff; after `budget` seconds of
@@ -92,7 +93,9 @@ def retry_call(fn: Callable[[], T], *, url: str, budget: float = DEFAULT_RETRY_S
     def before_sleep(state) -> None:
         exc = state.outcome.exception()
         waited = time.monotonic() - first_failure[0]
-        log.warning("database error (%s); retrying for up to %.0f s more", first_line(exc), max(0.0, budget - waited))
+        # one line per outage, not one per attempt
+        log.log(logging.WARNING if state.attempt_number == 1 else logging.DEBUG,
+                "database error (%s); retrying for up to %.0f s", first_line(exc), max(0.0, budget - waited))
         if on_retry is not None:
             on_retry(exc, waited)
 
@@ -104,4 +107,4 @@ def retry_call(fn: Callable[[], T], *, url: str, budget: float = DEFAULT_RETRY_S
     except RetryError as err:
         exc = err.last_attempt.exception()
         waited = time.monotonic() - first_failure[0] if first_failure else 0.0
-        raise DatabaseUnreachable(url, first_line(exc), waited) from None
+        raise DatabaseUnreachable(url, first_line(exc), waited, origin) from None

@@ -75,7 +75,11 @@ def ensure_vector_index(conn: psycopg.Connection, table: str) -> bool:
         # Two runs building it at once failed with UniqueViolation on the index name: one at a time, and the
         # second finds it built.
         ddl_lock(conn)
-        if has_vector_index(conn, table):
+        # pg_class itself, not to_regclass: the catalog cache of a transaction that waited on an advisory lock
+        # has not seen the other session's index yet
+        if conn.execute("SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                        " WHERE c.relname = %s AND n.nspname = current_schema())",
+                        (vector_index_name(table),)).fetchone()[0]:
             return False
         # pgvector builds the graph in memory when it fits in maintenance_work_mem (default 64 MB: 40K
         # 384-d vectors spill, and the build takes ~2x longer). Local to this transaction.
