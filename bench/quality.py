@@ -579,8 +579,15 @@ def score(run: dict[str, list[str]], qrels) -> dict[str, float]:
 # ------------------------------------------------------------------------------------------------ variants
 # Ranking variants evaluated side by side (--variants): name -> (Tuning fields, QuerySettings fields).
 BM25 = {"keyword_bm25": True}
+CANDIDATE = "cand"
+CAND = {**BM25, "keyword_max_terms": 48, "keyword_postings": 12000, "keyword_max_df": 0.4}
 VARIANTS: dict[str, tuple[dict, dict]] = {
     "default": ({}, {}),
+    "cand": (CAND, {}),
+    "cand_gate": ({**CAND, "gate_strong_floor": True}, {}),
+    "cand_title0.5": ({**CAND, "title_weight": 0.5}, {}),
+    "cand_doc0.5": (CAND, {"document_weight": 0.5}),
+    "cand_kw1.5": (CAND, {"keyword_weight": 1.5}),
     "decay0": ({"doc_decay": 0.0}, {}),
     "bm25": (BM25, {}),
     "bm25_title0.5": ({**BM25, "title_weight": 0.5}, {}),
@@ -669,6 +676,10 @@ def evaluate_set(es: EvalSet, info: dict, model, *, variants: list[str] | None =
                            gate=False)
             res["variants"][name] = {m: score(run, qrels) for m, run in runs.items()}
             res["variants"][name]["per_query_hybrid"] = _per_query(runs["hybrid"], qrels)
+            if tfields.get("gate_strong_floor") or name == "default" or name == CANDIDATE:
+                g = kb_runs(es, vcfg, conn, emb, queries, modes=("hybrid",), tuning=Tuning(**tfields), gate=True)
+                res["variants"][name]["hybrid_gate_on"] = score(g["hybrid"], qrels)
+                res["variants"][name]["off_topic_results"] = off_topic_counts(es, vcfg, conn, emb, Tuning(**tfields))
     conn.close()
     return res
 

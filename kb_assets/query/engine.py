@@ -74,6 +74,10 @@ class Tuning:
     # A fourth ranking in the fusion: each candidate document's opening (its first chunk: title, front
     # matter, first window) against the query, weighted so (0: off). Scored for the candidates only.
     opening_weight: float = 0.0
+    # Relevance gate, strong queries: when the best result is clearly similar (floor + 0.15), keep every
+    # result above the floor (True) instead of only those within the margin of the best (False): a clear
+    # answer then does not cut the relevant documents further down (Recall@100).
+    gate_strong_floor: bool = False
     # exact vector scan (instead of HNSW) when filters leave at most this many chunks
     exact_scan_chunks: int = 20000
     # Relevance gate (settings min_similarity / min_keyword_coverage): `gate=False` turns it off (evaluation),
@@ -89,7 +93,7 @@ SURE_SIMILARITY_ABOVE_FLOOR = 0.15     # floor + this: similar enough whatever t
 COVERAGE_MARGIN = 0.2
 
 
-def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings) -> list[_DocHit]:
+def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings, tuning=None) -> list[_DocHit]:
     """The relevance gate: drop weak results instead of filling the list.
 
     Similarity (the best passage's, or the document vector's): a result is kept at or above
@@ -107,6 +111,8 @@ def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings) ->
     if vec_on:
         best = max(h.similarity for h in ranked)
         t_sim = max(floor, min(best - margin, floor + SURE_SIMILARITY_ABOVE_FLOOR))
+        if tuning is not None and tuning.gate_strong_floor and best >= floor + SURE_SIMILARITY_ABOVE_FLOOR:
+            t_sim = floor
     if kw_on:
         best_cov = max(h.coverage for h in ranked)
         if vec_on:
@@ -820,7 +826,7 @@ def recall(queries: str | Sequence[str], *, config=None, limit: int | None = Non
         floor = tuning.min_similarity if tuning.min_similarity is not None else settings.min_similarity
         if floor is None:
             floor = MIN_SIMILARITY.get(getattr(embedder, "model", ""), 0.0) if embedder is not None else 0.0
-        per_query = [_gate(ranked, channels, floor, settings) for ranked in per_query]
+        per_query = [_gate(ranked, channels, floor, settings, tuning) for ranked in per_query]
     per_query = [[h for h in ranked if h.score >= min_score] for ranked in per_query]
     chosen_docs = _union([[h for h in r if h.kind != "code"] for r in per_query], limit)
     chosen_code = _union([[h for h in r if h.kind == "code"] for r in per_query], code_limit)
