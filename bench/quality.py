@@ -116,7 +116,12 @@ def _qrels(path: Path) -> dict[str, dict[str, int]]:
 
 def _rfc_queries() -> list[dict]:
     return [{"id": q["id"], "query": q["query"], "section": "documents"}
-            for q in _jsonl(EVAL / "rust_rfcs" / "queries.jsonl")]
+            for q in _jsonl(EVAL / "rust_rfcs" / "queries.jsonl")[::RFC_QUERY_EVERY]]
+
+
+def _rfc_qrels() -> dict[str, dict[str, int]]:
+    keep = {q["id"] for q in _rfc_queries()}
+    return {q: rel for q, rel in _qrels(EVAL / "rust_rfcs" / "qrels" / "test.tsv").items() if q in keep}
 
 
 def _code_queries() -> list[dict]:
@@ -145,13 +150,14 @@ def judged_subset(tar_glob: str, pattern: str, judged: set[str], every: int) -> 
 
 
 # The shared CPU embeds 1-5 chunks/s (load 10-18 from other work), so the big sets run on fixed subsets:
-RFC_EVERY = 20        # rust_rfcs: all 45 queries; the 86 judged RFCs + every 20th other one (full: 648, ~17.5K chunks)
-PEP_QUERY_EVERY = 4   # peps_whatsnew: every 4th query (61 of 244), ...
-PEP_EVERY = 25        # ... the PEPs they are judged against + every 25th other PEP (full: 736, ~17.8K chunks)
+RFC_QUERY_EVERY = 2   # rust_rfcs: every 2nd query (23 of 45), ...
+RFC_EVERY = 40        # ... the RFCs they are judged against + every 40th other RFC (full: 648, ~17.5K chunks)
+PEP_QUERY_EVERY = 12  # peps_whatsnew: every 12th query (21 of 244), ...
+PEP_EVERY = 50        # ... the PEPs they are judged against + every 50th other PEP (full: 736, ~17.8K chunks)
 
 
 def rfc_subset(every: int = RFC_EVERY) -> list[str]:
-    judged = {d for rel in _qrels(EVAL / "rust_rfcs" / "qrels" / "test.tsv").values() for d in rel}
+    judged = {d for rel in _rfc_qrels().values() for d in rel}
     return judged_subset("rust-rfcs-*.tar.gz", r"/text/.*\.md$", judged, every)
 
 
@@ -181,7 +187,7 @@ def make_sets() -> dict[str, EvalSet]:
     return {
         "rust_rfcs": EvalSet("rust_rfcs", [Source("rfcs", "adr", "rust-rfcs-*.tar.gz", ["text/**/*.md"],
                                                          only=rfc_subset())],
-                             _rfc_queries, lambda: _qrels(EVAL / "rust_rfcs" / "qrels" / "test.tsv")),
+                             _rfc_queries, _rfc_qrels),
         "code_history": EvalSet("code_history", [
             Source("click", "code", "code-pallets+click-*.tar.gz", ["**/*.py"], []),
             Source("httpx", "code", "code-encode+httpx-*.tar.gz", ["**/*.py"], [])],
