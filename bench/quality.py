@@ -347,7 +347,7 @@ def _seed(es: EvalSet, cfg_path: Path) -> int:
     return n
 
 
-def build_index(es: EvalSet, *, seed: bool = True, force: bool = False) -> dict:
+def build_index(es: EvalSet, *, seed: bool = True, force: bool = False, adopt: bool = False) -> dict:
     """The set's index, built by `kb index` (subprocess) or reused from the cache; returns its info."""
     key = set_key(es)
     work = OUT / "index" / f"{es.name}-{key}"
@@ -356,6 +356,26 @@ def build_index(es: EvalSet, *, seed: bool = True, force: bool = False) -> dict:
         info = json.loads(info_file.read_text())
         info["reused"] = True
         return info
+    if adopt and (work / "kb.yaml").exists():
+        # a `kb index` of this key that finished without its parent (e.g. the harness was stopped): take it
+        # as built once every chunk has its vector
+        from kb_assets.config import load_config
+        from kb_assets.store.db import connect, open_database
+        from kb_assets.store.spaces import active_space
+
+        with connect(open_database(load_config(work / "kb.yaml"))) as conn:
+            space = active_space(conn)
+            missing = conn.execute(f'SELECT count(*) FROM chunks c WHERE NOT EXISTS (SELECT 1 FROM "{space[2]}" e'
+                                   " WHERE e.chunk_hash = c.chunk_hash)").fetchone()[0] if space else -1
+        if missing == 0:
+            dumped = _dump_seed(es, work / "kb.yaml")
+            info = {"set": es.name, "key": key, "config": str(work / "kb.yaml"), "seconds": None,
+                    "load_avg_after": load_avg(), "seeded_vectors": None, "vectors": dumped, "adopted": True,
+                    "built_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+            info_file.write_text(json.dumps(info, indent=1, default=str))
+            info["reused"] = True
+            return info
+        sys.exit(f"quality: {work} is not a finished index ({missing} chunks without a vector)")
     if work.exists():
         _stop_server(work / "data")
         shutil.rmtree(work)
@@ -741,6 +761,8 @@ def main() -> None:
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--rebuild", action="store_true", help="build the indexes again even when the key matches")
     ap.add_argument("--no-seed", action="store_true", help="build without seeding chunk vectors")
+    ap.add_argument("--adopt", action="store_true", help="take an index whose `kb index` finished without the "
+                    "harness (it was stopped meanwhile) once every chunk has its vector")
     ap.add_argument("--variants", nargs="?", const="all", default=None,
                     help="evaluate ranking variants (comma-separated names, or all)")
     ap.add_argument("--doc", action="store_true", help="rewrite the figures section of docs/QUALITY.md")
@@ -755,7 +777,7 @@ def main() -> None:
             sys.exit(f"quality: unknown set {s!r}: use {', '.join(sets)}")
     infos = {}
     for s in chosen:
-        infos[s] = build_index(sets[s], seed=not args.no_seed, force=args.rebuild)
+        infos[s] = build_index(sets[s], seed=not args.no_seed, force=args.rebuild, adopt=args.adopt)
     if args.build_only:
         print(json.dumps(infos, indent=1, default=str))
         return
