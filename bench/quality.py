@@ -733,6 +733,39 @@ def render(results: dict, command: str) -> str:
     return "\n".join(lines)
 
 
+def render_variants(results: dict, loso: list[dict] | None) -> str:
+    sets = [s for s in results if results[s].get("variants")]
+    if not sets:
+        return ""
+    names = [n for n in VARIANTS if all(n in results[s]["variants"] for s in sets)]
+    lines = ["**Ranking variants** (gate off; hybrid nDCG@10 / keyword-mode nDCG@10 per set; `before` = the defaults"
+             " before this work, `default` = now; the other rows change one thing from `default`):", "",
+             "| variant | " + " | ".join(sets) + " |", "| --- |" + " ---: |" * len(sets)]
+    for n in names:
+        lines.append(f"| {n} | " + " | ".join(
+            f"{results[s]['variants'][n]['hybrid']['ndcg@10']:.3f} / {results[s]['variants'][n]['keyword']['ndcg@10']:.3f}"
+            for s in sets) + " |")
+    lines.append("")
+    lines.append("Gate on (hybrid nDCG@10 / Recall@100, and results returned for each off-topic query):")
+    lines.append("")
+    for n in ("before", "bm25_terms48", CANDIDATE):
+        cells = []
+        for s in sets:
+            v = results[s]["variants"].get(n, {})
+            if "hybrid_gate_on" in v:
+                cells.append(f"{s} {v['hybrid_gate_on']['ndcg@10']:.3f} / {v['hybrid_gate_on']['recall@100']:.3f}"
+                             f" (gate off {v['hybrid']['recall@100']:.3f}), off-topic {v['off_topic_results']['hybrid']}")
+        lines.append(f"- `{n}`: " + "; ".join(cells))
+    if loso:
+        lines += ["", "**Leave one set out** (the variant with the best mean hybrid nDCG@10 on the other sets, scored on"
+                  " the held-out one):", "", "| held out | chosen on the others | its nDCG@10 there | `default` | `before` |"
+                  " baseline hybrid |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+        for r in loso:
+            lines.append(f"| {r['held_out']} | {r['variant']} | {r['held_out_ndcg@10']:.3f} | {r['default_ndcg@10']:.3f} |"
+                         f" {r['before_ndcg@10']:.3f} | {r['baseline_ndcg@10']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 DOC_BEGIN = "<!-- quality.py:begin -->"
 DOC_END = "<!-- quality.py:end -->"
 
@@ -760,6 +793,8 @@ def main() -> None:
     ap.add_argument("--variants", nargs="?", const="all", default=None,
                     help="evaluate ranking variants (comma-separated names, or all)")
     ap.add_argument("--doc", action="store_true", help="rewrite the figures section of docs/QUALITY.md")
+    ap.add_argument("--from-results", action="store_true", help="report every set in results.json, also those "
+                    "evaluated by earlier runs")
     ap.add_argument("--label", default="", help="a note printed above the tables (e.g. 'unrepaired index')")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -785,20 +820,24 @@ def main() -> None:
     # sets evaluated in earlier runs stay in the file (their index key says which build they measured)
     prev = json.loads((OUT / "results.json").read_text()) if (OUT / "results.json").exists() else {}
     (OUT / "results.json").write_text(json.dumps({**prev, **results}, indent=1, default=str))
+    if args.from_results:   # report every set of the file (each measured on its own index key)
+        results = {**prev, **results}
     command = "python bench/quality.py" + (f" --sets {args.sets}" if args.sets != ap.get_default("sets") else "")
     text = (f"_{args.label}_\n\n" if args.label else "") + render(results, command)
     print(text)
     if variants:
         for s, r in results.items():
-            for name, m in r["variants"].items():
+            for name, m in r.get("variants", {}).items():
                 print(f"{s:14} {name:16} hybrid " + " ".join(f"{m['hybrid'][k]:.3f}" for k in METRICS)
                       + "  keyword " + " ".join(f"{m['keyword'][k]:.3f}" for k in METRICS))
-        dev = [s for s in ("rust_rfcs", "code_history", "peps_whatsnew", "regression") if s in results]
-        if len(dev) >= 3:
-            loso = leave_one_set_out(results, dev)
-            (OUT / "loso.json").write_text(json.dumps(loso, indent=1))
-            for row in loso:
-                print("leave-one-set-out:", json.dumps(row))
+    loso = None
+    if variants and len([s for s in results if results[s].get("variants")]) >= 3:
+        loso = leave_one_set_out(results, [s for s in ("rust_rfcs", "code_history", "peps_whatsnew", "regression")
+                                           if results.get(s, {}).get("variants")])
+    if loso:
+        (OUT / "loso.json").write_text(json.dumps(loso, indent=1))
+    text += "\n" + render_variants(results, loso)
+    print(render_variants(results, loso))
     if args.doc:
         write_doc(text)
 
