@@ -116,7 +116,12 @@ def _qrels(path: Path) -> dict[str, dict[str, int]]:
 
 def _rfc_queries() -> list[dict]:
     return [{"id": q["id"], "query": q["query"], "section": "documents"}
-            for q in _jsonl(EVAL / "rust_rfcs" / "queries.jsonl")]
+            for q in _jsonl(EVAL / "rust_rfcs" / "queries.jsonl")[::RFC_QUERY_EVERY]]
+
+
+def _rfc_qrels() -> dict[str, dict[str, int]]:
+    keep = {q["id"] for q in _rfc_queries()}
+    return {q: rel for q, rel in _qrels(EVAL / "rust_rfcs" / "qrels" / "test.tsv").items() if q in keep}
 
 
 def _code_queries() -> list[dict]:
@@ -126,12 +131,13 @@ def _code_queries() -> list[dict]:
 
 def _pep_queries() -> list[dict]:
     return [{"id": q["_id"], "query": q["text"], "section": "documents"}
-            for q in _jsonl(EVAL / "peps_whatsnew" / "queries.jsonl")]
+            for q in _jsonl(EVAL / "peps_whatsnew" / "queries.jsonl")[::PEP_QUERY_EVERY]]
 
 
 def _pep_qrels() -> dict[str, dict[str, int]]:
+    keep = {q["id"] for q in _pep_queries()}
     return {q: {f"peps/{d}.rst": g for d, g in rel.items()}
-            for q, rel in _qrels(EVAL / "peps_whatsnew" / "qrels" / "test.tsv").items()}
+            for q, rel in _qrels(EVAL / "peps_whatsnew" / "qrels" / "test.tsv").items() if q in keep}
 
 
 def judged_subset(tar_glob: str, pattern: str, judged: set[str], every: int) -> list[str]:
@@ -143,12 +149,15 @@ def judged_subset(tar_glob: str, pattern: str, judged: set[str], every: int) -> 
     return sorted(judged & set(names)) + others[::every]
 
 
-RFC_EVERY = 5     # rust_rfcs: the 86 judged RFCs + every 5th other one (the full 648 are ~17.5K chunks)
-PEP_EVERY = 10    # peps_whatsnew: the 204 judged PEPs + every 10th other one
+# The shared CPU embeds 1-5 chunks/s (load 10-18 from other work), so the big sets run on fixed subsets:
+RFC_QUERY_EVERY = 2   # rust_rfcs: every 2nd query (23 of 45), ...
+RFC_EVERY = 40        # ... the RFCs they are judged against + every 40th other RFC (full: 648, ~17.5K chunks)
+PEP_QUERY_EVERY = 12  # peps_whatsnew: every 12th query (21 of 244), ...
+PEP_EVERY = 50        # ... the PEPs they are judged against + every 50th other PEP (full: 736, ~17.8K chunks)
 
 
 def rfc_subset(every: int = RFC_EVERY) -> list[str]:
-    judged = {d for rel in _qrels(EVAL / "rust_rfcs" / "qrels" / "test.tsv").values() for d in rel}
+    judged = {d for rel in _rfc_qrels().values() for d in rel}
     return judged_subset("rust-rfcs-*.tar.gz", r"/text/.*\.md$", judged, every)
 
 
@@ -178,7 +187,7 @@ def make_sets() -> dict[str, EvalSet]:
     return {
         "rust_rfcs": EvalSet("rust_rfcs", [Source("rfcs", "adr", "rust-rfcs-*.tar.gz", ["text/**/*.md"],
                                                          only=rfc_subset())],
-                             _rfc_queries, lambda: _qrels(EVAL / "rust_rfcs" / "qrels" / "test.tsv")),
+                             _rfc_queries, _rfc_qrels),
         "code_history": EvalSet("code_history", [
             Source("click", "code", "code-pallets+click-*.tar.gz", ["**/*.py"], []),
             Source("httpx", "code", "code-encode+httpx-*.tar.gz", ["**/*.py"], [])],
@@ -338,7 +347,7 @@ def _seed(es: EvalSet, cfg_path: Path) -> int:
     return n
 
 
-def build_index(es: EvalSet, *, seed: bool = True, force: bool = False) -> dict:
+def build_index(es: EvalSet, *, seed: bool = True, force: bool = False, adopt: bool = False) -> dict:
     """The set's index, built by `kb index` (subprocess) or reused from the cache; returns its info."""
     key = set_key(es)
     work = OUT / "index" / f"{es.name}-{key}"
@@ -347,6 +356,26 @@ def build_index(es: EvalSet, *, seed: bool = True, force: bool = False) -> dict:
         info = json.loads(info_file.read_text())
         info["reused"] = True
         return info
+    if adopt and (work / "kb.yaml").exists():
+        # a `kb index` of this key that finished without its parent (e.g. the harness was stopped): take it
+        # as built once every chunk has its vector
+        from kb_assets.config import load_config
+        from kb_assets.store.db import connect, open_database
+        from kb_assets.store.spaces import active_space
+
+        with connect(open_database(load_config(work / "kb.yaml"))) as conn:
+            space = active_space(conn)
+            missing = conn.execute(f'SELECT count(*) FROM chunks c WHERE NOT EXISTS (SELECT 1 FROM "{space[2]}" e'
+                                   " WHERE e.chunk_hash = c.chunk_hash)").fetchone()[0] if space else -1
+        if missing == 0:
+            dumped = _dump_seed(es, work / "kb.yaml")
+            info = {"set": es.name, "key": key, "config": str(work / "kb.yaml"), "seconds": None,
+                    "load_avg_after": load_avg(), "seeded_vectors": None, "vectors": dumped, "adopted": True,
+                    "built_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+            info_file.write_text(json.dumps(info, indent=1, default=str))
+            info["reused"] = True
+            return info
+        sys.exit(f"quality: {work} is not a finished index ({missing} chunks without a vector)")
     if work.exists():
         _stop_server(work / "data")
         shutil.rmtree(work)
@@ -575,23 +604,23 @@ def score(run: dict[str, list[str]], qrels) -> dict[str, float]:
 
 # ------------------------------------------------------------------------------------------------ variants
 # Ranking variants evaluated side by side (--variants): name -> (Tuning fields, QuerySettings fields).
-BM25 = {"keyword_bm25": True}
+# Relative to the defaults before this work (chunk-level IDF keyword channel, 24 lexemes / 6,000 postings /
+# df 0.2, relative gate for every query):
+BEFORE = {"keyword_bm25": False, "keyword_max_terms": 24, "keyword_postings": 6000, "keyword_max_df": 0.2,
+          "gate_strong_floor": False}
+CANDIDATE = "default"
 VARIANTS: dict[str, tuple[dict, dict]] = {
-    "default": ({}, {}),
-    "decay0": ({"doc_decay": 0.0}, {}),
-    "bm25": (BM25, {}),
-    "bm25_title0.5": ({**BM25, "title_weight": 0.5}, {}),
-    "bm25_title1": ({**BM25, "title_weight": 1.0}, {}),
-    "bm25_b0.5": ({**BM25, "bm25_b": 0.5}, {}),
-    "bm25_k1.5": ({**BM25, "bm25_k1": 1.5}, {}),
-    "bm25_terms48": ({**BM25, "keyword_max_terms": 48, "keyword_postings": 12000, "keyword_max_df": 0.4}, {}),
-    "bm25_kw1.5": (BM25, {"keyword_weight": 1.5}),
-    "bm25_doc0.5": (BM25, {"document_weight": 0.5}),
-    "bm25_decay0": ({**BM25, "doc_decay": 0.0}, {}),
-    "bm25_rrf20": (BM25, {"rrf_k": 20}),
-    "bm25_open0.5": ({**BM25, "opening_weight": 0.5}, {}),
-    "bm25_open1": ({**BM25, "opening_weight": 1.0}, {}),
-    "open1": ({"opening_weight": 1.0}, {}),
+    "before": (BEFORE, {}),
+    "bm25": ({**BEFORE, "keyword_bm25": True}, {}),
+    "bm25_terms48": ({**BEFORE, "keyword_bm25": True, "keyword_max_terms": 48, "keyword_postings": 12000,
+                      "keyword_max_df": 0.4}, {}),
+    "default": ({}, {}),   # bm25_terms48 + gate_strong_floor
+    "default_title0.5": ({"title_weight": 0.5}, {}),
+    "default_kw1.5": ({}, {"keyword_weight": 1.5}),
+    "default_doc0.5": ({}, {"document_weight": 0.5}),
+    "default_decay0": ({"doc_decay": 0.0}, {}),
+    "default_rrf20": ({}, {"rrf_k": 20}),
+    "default_open0.5": ({"opening_weight": 0.5}, {}),
 }
 
 
@@ -608,6 +637,7 @@ def leave_one_set_out(results: dict, dev_sets: list[str]) -> list[dict]:
                     "held_out_ndcg@10": results[held]["variants"][best]["hybrid"]["ndcg@10"],
                     "held_out_recall@100": results[held]["variants"][best]["hybrid"]["recall@100"],
                     "default_ndcg@10": results[held]["variants"]["default"]["hybrid"]["ndcg@10"],
+                    "before_ndcg@10": results[held]["variants"]["before"]["hybrid"]["ndcg@10"],
                     "baseline_ndcg@10": results[held]["baseline"]["hybrid"]["ndcg@10"]})
     return out
 
@@ -666,6 +696,10 @@ def evaluate_set(es: EvalSet, info: dict, model, *, variants: list[str] | None =
                            gate=False)
             res["variants"][name] = {m: score(run, qrels) for m, run in runs.items()}
             res["variants"][name]["per_query_hybrid"] = _per_query(runs["hybrid"], qrels)
+            if name in ("before", "bm25_terms48", CANDIDATE):
+                g = kb_runs(es, vcfg, conn, emb, queries, modes=("hybrid",), tuning=Tuning(**tfields), gate=True)
+                res["variants"][name]["hybrid_gate_on"] = score(g["hybrid"], qrels)
+                res["variants"][name]["off_topic_results"] = off_topic_counts(es, vcfg, conn, emb, Tuning(**tfields))
     conn.close()
     return res
 
@@ -699,6 +733,39 @@ def render(results: dict, command: str) -> str:
     return "\n".join(lines)
 
 
+def render_variants(results: dict, loso: list[dict] | None) -> str:
+    sets = [s for s in results if results[s].get("variants")]
+    if not sets:
+        return ""
+    names = [n for n in VARIANTS if all(n in results[s]["variants"] for s in sets)]
+    lines = ["**Ranking variants** (gate off; hybrid nDCG@10 / keyword-mode nDCG@10 per set; `before` = the defaults"
+             " before this work, `default` = now; the other rows change one thing from `default`):", "",
+             "| variant | " + " | ".join(sets) + " |", "| --- |" + " ---: |" * len(sets)]
+    for n in names:
+        lines.append(f"| {n} | " + " | ".join(
+            f"{results[s]['variants'][n]['hybrid']['ndcg@10']:.3f} / {results[s]['variants'][n]['keyword']['ndcg@10']:.3f}"
+            for s in sets) + " |")
+    lines.append("")
+    lines.append("Gate on (hybrid nDCG@10 / Recall@100, and results returned for each off-topic query):")
+    lines.append("")
+    for n in ("before", "bm25_terms48", CANDIDATE):
+        cells = []
+        for s in sets:
+            v = results[s]["variants"].get(n, {})
+            if "hybrid_gate_on" in v:
+                cells.append(f"{s} {v['hybrid_gate_on']['ndcg@10']:.3f} / {v['hybrid_gate_on']['recall@100']:.3f}"
+                             f" (gate off {v['hybrid']['recall@100']:.3f}), off-topic {v['off_topic_results']['hybrid']}")
+        lines.append(f"- `{n}`: " + "; ".join(cells))
+    if loso:
+        lines += ["", "**Leave one set out** (the variant with the best mean hybrid nDCG@10 on the other sets, scored on"
+                  " the held-out one):", "", "| held out | chosen on the others | its nDCG@10 there | `default` | `before` |"
+                  " baseline hybrid |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+        for r in loso:
+            lines.append(f"| {r['held_out']} | {r['variant']} | {r['held_out_ndcg@10']:.3f} | {r['default_ndcg@10']:.3f} |"
+                         f" {r['before_ndcg@10']:.3f} | {r['baseline_ndcg@10']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 DOC_BEGIN = "<!-- quality.py:begin -->"
 DOC_END = "<!-- quality.py:end -->"
 
@@ -721,9 +788,13 @@ def main() -> None:
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--rebuild", action="store_true", help="build the indexes again even when the key matches")
     ap.add_argument("--no-seed", action="store_true", help="build without seeding chunk vectors")
+    ap.add_argument("--adopt", action="store_true", help="take an index whose `kb index` finished without the "
+                    "harness (it was stopped meanwhile) once every chunk has its vector")
     ap.add_argument("--variants", nargs="?", const="all", default=None,
                     help="evaluate ranking variants (comma-separated names, or all)")
     ap.add_argument("--doc", action="store_true", help="rewrite the figures section of docs/QUALITY.md")
+    ap.add_argument("--from-results", action="store_true", help="report every set in results.json, also those "
+                    "evaluated by earlier runs")
     ap.add_argument("--label", default="", help="a note printed above the tables (e.g. 'unrepaired index')")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -735,7 +806,7 @@ def main() -> None:
             sys.exit(f"quality: unknown set {s!r}: use {', '.join(sets)}")
     infos = {}
     for s in chosen:
-        infos[s] = build_index(sets[s], seed=not args.no_seed, force=args.rebuild)
+        infos[s] = build_index(sets[s], seed=not args.no_seed, force=args.rebuild, adopt=args.adopt)
     if args.build_only:
         print(json.dumps(infos, indent=1, default=str))
         return
@@ -749,20 +820,24 @@ def main() -> None:
     # sets evaluated in earlier runs stay in the file (their index key says which build they measured)
     prev = json.loads((OUT / "results.json").read_text()) if (OUT / "results.json").exists() else {}
     (OUT / "results.json").write_text(json.dumps({**prev, **results}, indent=1, default=str))
+    if args.from_results:   # report every set of the file (each measured on its own index key)
+        results = {**prev, **results}
     command = "python bench/quality.py" + (f" --sets {args.sets}" if args.sets != ap.get_default("sets") else "")
     text = (f"_{args.label}_\n\n" if args.label else "") + render(results, command)
     print(text)
     if variants:
         for s, r in results.items():
-            for name, m in r["variants"].items():
+            for name, m in r.get("variants", {}).items():
                 print(f"{s:14} {name:16} hybrid " + " ".join(f"{m['hybrid'][k]:.3f}" for k in METRICS)
                       + "  keyword " + " ".join(f"{m['keyword'][k]:.3f}" for k in METRICS))
-        dev = [s for s in ("rust_rfcs", "code_history", "peps_whatsnew", "regression") if s in results]
-        if len(dev) >= 3:
-            loso = leave_one_set_out(results, dev)
-            (OUT / "loso.json").write_text(json.dumps(loso, indent=1))
-            for row in loso:
-                print("leave-one-set-out:", json.dumps(row))
+    loso = None
+    if variants and len([s for s in results if results[s].get("variants")]) >= 3:
+        loso = leave_one_set_out(results, [s for s in ("rust_rfcs", "code_history", "peps_whatsnew", "regression")
+                                           if results.get(s, {}).get("variants")])
+    if loso:
+        (OUT / "loso.json").write_text(json.dumps(loso, indent=1))
+    text += "\n" + render_variants(results, loso)
+    print(render_variants(results, loso))
     if args.doc:
         write_doc(text)
 

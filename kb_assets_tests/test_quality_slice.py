@@ -20,9 +20,9 @@ import pytest
 
 EXPECTED = Path(__file__).parent / "fixtures" / "quality_slice_expected.json"
 TOLERANCE = 0.02          # per figure; the slice is deterministic on one machine (the same model, the same data)
-MAX_DOC_BYTES = 30_000    # documents larger than this are not sampled (embedding time)
-QUERIES_PER_SET = 8
-DISTRACTORS = 6
+MAX_DOC_BYTES = 20_000    # documents larger than this are not sampled (embedding time)
+QUERIES_PER_SET = 5
+DISTRACTORS = 4
 
 
 def _jsonl(p: Path) -> list[dict]:

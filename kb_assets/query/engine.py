@@ -54,10 +54,13 @@ class QueryError(Exception):
 # Tuning knobs that are not (yet) user settings. Everything a user may want to change is in QuerySettings.
 @dataclass(frozen=True)
 class Tuning:
-    keyword_window: int = 200          # chunks taken from the keyword channel
-    keyword_max_terms: int = 24        # most selective query lexemes searched
-    keyword_postings: int = 6000       # stop adding lexemes once their summed chunk frequencies pass this
-    keyword_max_df: float = 0.2        # lexemes in more than this share of chunks are not searched
+    keyword_window: int = 200          # chunks (documents with keyword_bm25) taken from the keyword channel
+    # Which query lexemes are searched: the most selective ones, at most keyword_max_terms, until their summed
+    # chunk frequencies pass keyword_postings; none in more than keyword_max_df of the chunks. 48 / 12,000 /
+    # 0.4 (was 24 / 6,000 / 0.2, which dropped words a BM25 needs; docs/QUALITY.md, bench/quality.py).
+    keyword_max_terms: int = 48
+    keyword_postings: int = 12000
+    keyword_max_df: float = 0.4
     rank_weights: tuple[float, float, float, float] = (0.5, 0.6, 0.8, 1.0)   # ts_rank weights D, C, B, A
     # score matches with ts_rank (term frequency, heading weight) — or by IDF only (False, the default):
     # the chunk's tsvector is then never read, which halves the keyword channel's cost for equal hybrid
@@ -70,13 +73,17 @@ class Tuning:
     # term frequency is the number of its chunks holding the term (saturating with bm25_k1), its length the
     # bytes of its text against the mean (bm25_b), IDF over documents; plus title_weight × the IDF of the
     # query lexemes in its title (or path, split on / _ . and camelCase). False: the chunk-level IDF sum.
-    keyword_bm25: bool = False
+    keyword_bm25: bool = True
     bm25_k1: float = 1.2
     bm25_b: float = 0.75
     title_weight: float = 0.0
     # A fourth ranking in the fusion: each candidate document's opening (its first chunk: title, front
     # matter, first window) against the query, weighted so (0: off). Scored for the candidates only.
     opening_weight: float = 0.0
+    # Relevance gate, strong queries: when the best result is clearly similar (floor + 0.15), keep every
+    # result above the floor (True) instead of only those within the margin of the best (False): a clear
+    # answer then does not cut the relevant documents further down (Recall@100).
+    gate_strong_floor: bool = True
     # exact vector scan (instead of HNSW) when filters leave at most this many chunks
     exact_scan_chunks: int = 20000
     # Relevance gate (settings min_similarity / min_keyword_coverage): `gate=False` turns it off (evaluation),
@@ -92,7 +99,7 @@ SURE_SIMILARITY_ABOVE_FLOOR = 0.15     # floor + this: similar enough whatever t
 COVERAGE_MARGIN = 0.2
 
 
-def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings) -> list[_DocHit]:
+def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings, tuning=None) -> list[_DocHit]:
     """The relevance gate: drop weak results instead of filling the list.
 
     Similarity (the best passage's, or the document vector's): a result is kept at or above
@@ -110,6 +117,8 @@ def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings) ->
     if vec_on:
         best = max(h.similarity for h in ranked)
         t_sim = max(floor, min(best - margin, floor + SURE_SIMILARITY_ABOVE_FLOOR))
+        if tuning is not None and tuning.gate_strong_floor and best >= floor + SURE_SIMILARITY_ABOVE_FLOOR:
+            t_sim = floor
     if kw_on:
         best_cov = max(h.coverage for h in ranked)
         if vec_on:
@@ -840,7 +849,7 @@ def recall(queries: str | Sequence[str], *, config=None, limit: int | None = Non
         floor = tuning.min_similarity if tuning.min_similarity is not None else settings.min_similarity
         if floor is None:
             floor = MIN_SIMILARITY.get(getattr(embedder, "model", ""), 0.0) if embedder is not None else 0.0
-        per_query = [_gate(ranked, channels, floor, settings) for ranked in per_query]
+        per_query = [_gate(ranked, channels, floor, settings, tuning) for ranked in per_query]
     per_query = [[h for h in ranked if h.score >= min_score] for ranked in per_query]
     chosen_docs = _union([[h for h in r if h.kind != "code"] for r in per_query], limit)
     chosen_code = _union([[h for h in r if h.kind == "code"] for r in per_query], code_limit)
