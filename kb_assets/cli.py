@@ -238,7 +238,7 @@ def cmd_status(args) -> int:
         from kb_assets.store.status import status_report
 
         report = status_report(conn, [s.key for s in cfg.sources], config=cfg)   # also GET /api/v1/status
-    rows, never = report["sources"], report["never_indexed"]
+    rows, never, warnings = report["sources"], report["never_indexed"], report.get("warnings", [])
     if args.json:
         print(json.dumps(report, indent=2, default=str))
         return 0

@@ -6,6 +6,8 @@ page takes it from its login cookie; the webhook routes carry their own HMAC aut
 """
 from __future__ import annotations
 
+import importlib
+
 import contextlib
 import json
 import logging
@@ -92,8 +94,12 @@ def open_state(cfg, *, embedder=None, database_url: str | None = None, no_auth: 
     url = database_url or open_database(cfg)
     # The server writes only the token buckets (one UPDATE per request): without waiting for the WAL flush
     # a crash can forget the last few spent requests, never an index row, and no request waits on fsync.
+    # `options` given here would replace the URL's own (which carries kb's search_path): extend them
+    from psycopg.conninfo import conninfo_to_dict
+
+    options = " ".join(o for o in (conninfo_to_dict(url).get("options"), "-c synchronous_commit=off") if o)
     pool = ConnectionPool(url, min_size=2, max_size=pool_size, open=True, name="kb-serve",
-                          kwargs={"autocommit": True, "options": "-c synchronous_commit=off"})
+                          kwargs={"autocommit": True, "options": options})
     if embedder is None:
         from kb_assets.embedding import make_embedder
 
@@ -109,7 +115,8 @@ def open_state(cfg, *, embedder=None, database_url: str | None = None, no_auth: 
     if active is not None and (embedder.model, int(embedder.dimension)) == (active[0], int(active[1])):
         embedder.embed_query("warm up")          # load the model now, not on the first request
     return ServeState(cfg=cfg, pool=pool, embedder=_LockedEmbedder(embedder), no_auth=no_auth,
-                      log_query_text=log_query_text, secret=secret, secure_cookie=secure_cookie)
+                      log_query_text=log_query_text, secret=secret, secure_cookie=secure_cookie,
+                      extras={"database_url": url})
 
 
 # ------------------------------------------------------------------------------------------ auth
@@ -431,6 +438,7 @@ def build_app(state: ServeState) -> FastAPI:
                   description="kb_assets knowledge API. Every route but /healthz needs "
                               "`Authorization: Bearer <token>` (`kb token create NAME`).")
     app.state.kb = state
+    app.state.kb_database_url = state.extras.get("database_url")   # the git push webhook records pushes there
     app.state.lifespans = []
 
     @app.exception_handler(ApiError)
@@ -502,7 +510,7 @@ def mount_mcp(app: FastAPI) -> bool:
     `session_manager.run()` joins this app's lifespan). The request reaches it with its path unchanged (a
     Route, not a Mount), so POST /mcp is answered without a redirect to /mcp/."""
     try:
-        from kb_assets.serving import mcp as mcp_mod   # type: ignore[attr-defined]
+        mcp_mod = importlib.import_module("kb_assets.serving.mcp")   # sys.modules first (tests stand in)
     except ImportError:
         return False
     from starlette.routing import Route
@@ -531,7 +539,7 @@ def mount_mcp(app: FastAPI) -> bool:
 def mount_webhooks(app: FastAPI) -> bool:
     """Add the git push webhook routes (`routes: list[Route]`, their own HMAC auth, no bearer token)."""
     try:
-        from kb_assets.serving import webhooks   # type: ignore[attr-defined]
+        webhooks = importlib.import_module("kb_assets.serving.webhooks")
     except ImportError:
         return False
     app.router.routes.extend(getattr(webhooks, "routes", []))
