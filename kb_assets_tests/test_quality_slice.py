@@ -147,11 +147,17 @@ def measure(cfg_path: Path, sets: dict) -> dict:
 
 @pytest.mark.timeout(900)
 def test_quality_slice_holds_its_figures(shared_dir):
-    from kb_assets.cli import main
+    import subprocess
+    import sys
 
     root = Path(tempfile.mkdtemp(prefix="kbq-", dir="/tmp"))   # short: the server's unix socket lives here
     sets = build_slice(shared_dir, root)
-    assert main(["index", "--config", str(root / "kb.yaml"), "--quiet"]) == 0
+    # `kb index` as users run it: its own process (the Dagster definitions read their partitions, the
+    # configured sources, once per process)
+    proc = subprocess.run([sys.executable, "-m", "kb_assets.cli", "index", "--config", str(root / "kb.yaml"),
+                           "--quiet"], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "KB_DB_LINGER": "0"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
     got = measure(root / "kb.yaml", sets)
     # every document has its own vector (issue 9 §1: 21 regression vectors had replaced them)
     assert got["document_vectors_per_document"] == 1.0, got["document_vectors_per_document"]

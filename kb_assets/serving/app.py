@@ -89,9 +89,10 @@ def open_state(cfg, *, embedder=None, database_url: str | None = None, no_auth: 
     from psycopg_pool import ConnectionPool
 
     from kb_assets.serving.tokens import server_secret
-    from kb_assets.store.db import connect, open_database
+    from kb_assets.store.db import connect, open_database, open_schema
 
-    url = database_url or open_database(cfg)
+    # a URL carrying kb's search_path (migrated once): the pool's connections find kb's tables
+    url = open_schema(database_url, cfg.effective_schema()) if database_url else open_database(cfg)
     # The server writes only the token buckets (one UPDATE per request): without waiting for the WAL flush
     # a crash can forget the last few spent requests, never an index row, and no request waits on fsync.
     # `options` given here would replace the URL's own (which carries kb's search_path): extend them
