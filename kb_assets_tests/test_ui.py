@@ -109,7 +109,7 @@ def test_dagster_ui_asset_graph_partition_checks_automation(tmp_path, db_url, ch
             browser = p.chromium.launch(executable_path=chromium, headless=True, args=[
                 "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                 "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"])
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page = browser.new_page(viewport={"width": 1920, "height": 1200})
 
             def visit(path: str, expect: list[str], shot: str, click: str | None = None) -> None:
                 page.goto(base + path, wait_until="domcontentloaded")
