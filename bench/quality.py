@@ -453,10 +453,11 @@ def corpus_docs(es: EvalSet) -> dict[str, list[tuple[str, str, str]]]:
             if not f.is_file():
                 continue
             rel = f.relative_to(root).as_posix()
-            if not any(fnmatch.fnmatch(rel, g) or (g.startswith("**/") and fnmatch.fnmatch(rel, g[3:]))
-                       for g in s.include):
-                continue
-            if any(fnmatch.fnmatch(rel, g) or (g.startswith("**/") and fnmatch.fnmatch(rel, g[3:])) for g in s.exclude):
+            # "**/" also matches no folder at all (as kb's globs do)
+            def match(g: str) -> bool:
+                return fnmatch.fnmatch(rel, g) or fnmatch.fnmatch(rel, g.replace("**/", ""))
+
+            if not any(match(g) for g in s.include) or any(match(g) for g in s.exclude):
                 continue
             text = f.read_text(encoding="utf-8", errors="replace")
             if len(text.strip()) < 1:
