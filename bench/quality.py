@@ -794,6 +794,7 @@ def main() -> None:
     ap.add_argument("--variants", nargs="?", const="all", default=None,
                     help="evaluate ranking variants (comma-separated names, or all)")
     ap.add_argument("--doc", action="store_true", help="rewrite the figures section of docs/QUALITY.md")
+    ap.add_argument("--report-only", action="store_true", help="only render bench/out/quality/results.json")
     ap.add_argument("--from-results", action="store_true", help="report every set in results.json, also those "
                     "evaluated by earlier runs")
     ap.add_argument("--label", default="", help="a note printed above the tables (e.g. 'unrepaired index')")
@@ -805,6 +806,16 @@ def main() -> None:
     for s in chosen:
         if s not in sets:
             sys.exit(f"quality: unknown set {s!r}: use {', '.join(sets)}")
+    if args.report_only:   # render results.json as it is (each set as measured on its own index key)
+        results = {s: r for s, r in json.loads((OUT / "results.json").read_text()).items() if s in chosen}
+        loso = leave_one_set_out(results, [s for s in results if results[s].get("variants")]) \
+            if len([s for s in results if results[s].get("variants")]) >= 3 else None
+        text = (f"_{args.label}_\n\n" if args.label else "") + render(results, "python bench/quality.py --variants")
+        text += "\n" + render_variants(results, loso)
+        print(text)
+        if args.doc:
+            write_doc(text)
+        return
     infos = {}
     for s in chosen:
         infos[s] = build_index(sets[s], seed=not args.no_seed, force=args.rebuild, adopt=args.adopt)
