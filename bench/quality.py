@@ -150,10 +150,10 @@ def judged_subset(tar_glob: str, pattern: str, judged: set[str], every: int) -> 
 
 
 # The shared CPU embeds 1-5 chunks/s (load 10-18 from other work), so the big sets run on fixed subsets:
-RFC_QUERY_EVERY = 2   # rust_rfcs: every 2nd query (23 of 45), ...
-RFC_EVERY = 40        # ... the RFCs they are judged against + every 40th other RFC (full: 648, ~17.5K chunks)
-PEP_QUERY_EVERY = 12  # peps_whatsnew: every 12th query (21 of 244), ...
-PEP_EVERY = 50        # ... the PEPs they are judged against + every 50th other PEP (full: 736, ~17.8K chunks)
+RFC_QUERY_EVERY = 1   # rust_rfcs: every query (45), ...
+RFC_EVERY = 20        # ... the RFCs they are judged against + every 20th other RFC (full: 648, ~17.5K chunks)
+PEP_QUERY_EVERY = 4   # peps_whatsnew: every 4th query (61 of 244), ...
+PEP_EVERY = 25        # ... the PEPs they are judged against + every 25th other PEP (full: 736, ~17.8K chunks)
 
 
 def rfc_subset(every: int = RFC_EVERY) -> list[str]:
