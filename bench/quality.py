@@ -711,7 +711,7 @@ def _per_query(run, qrels) -> dict[str, float]:
 
 
 def render(results: dict, command: str) -> str:
-    lines = [f"Command: `{command}` — load average at the end {load_avg()} (2 shared cores).", ""]
+    lines = [f"Command: `{command}` — load average when written {load_avg()} (2 shared cores; sets were evaluated at 2-20).", ""]
     for name, r in results.items():
         lines.append(f"**{name}** — {r['queries']} queries ({r['judged']} judged), kb: {r['documents']} documents /"
                      f" {r['chunks']} chunks (index key `{r['index']['key']}`, built {r['index']['built_at']},"
