@@ -150,10 +150,10 @@ def judged_subset(tar_glob: str, pattern: str, judged: set[str], every: int) -> 
 
 
 # The shared CPU embeds 1-5 chunks/s (load 10-18 from other work), so the big sets run on fixed subsets:
-RFC_QUERY_EVERY = 2   # rust_rfcs: every 2nd query (23 of 45), ...
-RFC_EVERY = 40        # ... the RFCs they are judged against + every 40th other RFC (full: 648, ~17.5K chunks)
-PEP_QUERY_EVERY = 12  # peps_whatsnew: every 12th query (21 of 244), ...
-PEP_EVERY = 50        # ... the PEPs they are judged against + every 50th other PEP (full: 736, ~17.8K chunks)
+RFC_QUERY_EVERY = 1   # rust_rfcs: every query (45), ...
+RFC_EVERY = 20        # ... the RFCs they are judged against + every 20th other RFC (full: 648, ~17.5K chunks)
+PEP_QUERY_EVERY = 4   # peps_whatsnew: every 4th query (61 of 244), ...
+PEP_EVERY = 25        # ... the PEPs they are judged against + every 25th other PEP (full: 736, ~17.8K chunks)
 
 
 def rfc_subset(every: int = RFC_EVERY) -> list[str]:
@@ -453,10 +453,11 @@ def corpus_docs(es: EvalSet) -> dict[str, list[tuple[str, str, str]]]:
             if not f.is_file():
                 continue
             rel = f.relative_to(root).as_posix()
-            if not any(fnmatch.fnmatch(rel, g) or (g.startswith("**/") and fnmatch.fnmatch(rel, g[3:]))
-                       for g in s.include):
-                continue
-            if any(fnmatch.fnmatch(rel, g) or (g.startswith("**/") and fnmatch.fnmatch(rel, g[3:])) for g in s.exclude):
+            # "**/" also matches no folder at all (as kb's globs do)
+            def match(g: str) -> bool:
+                return fnmatch.fnmatch(rel, g) or fnmatch.fnmatch(rel, g.replace("**/", ""))
+
+            if not any(match(g) for g in s.include) or any(match(g) for g in s.exclude):
                 continue
             text = f.read_text(encoding="utf-8", errors="replace")
             if len(text.strip()) < 1:
@@ -710,7 +711,7 @@ def _per_query(run, qrels) -> dict[str, float]:
 
 
 def render(results: dict, command: str) -> str:
-    lines = [f"Command: `{command}` — load average at the end {load_avg()} (2 shared cores).", ""]
+    lines = [f"Command: `{command}` — load average when written {load_avg()} (2 shared cores; sets were evaluated at 2-20).", ""]
     for name, r in results.items():
         lines.append(f"**{name}** — {r['queries']} queries ({r['judged']} judged), kb: {r['documents']} documents /"
                      f" {r['chunks']} chunks (index key `{r['index']['key']}`, built {r['index']['built_at']},"
@@ -793,6 +794,7 @@ def main() -> None:
     ap.add_argument("--variants", nargs="?", const="all", default=None,
                     help="evaluate ranking variants (comma-separated names, or all)")
     ap.add_argument("--doc", action="store_true", help="rewrite the figures section of docs/QUALITY.md")
+    ap.add_argument("--report-only", action="store_true", help="only render bench/out/quality/results.json")
     ap.add_argument("--from-results", action="store_true", help="report every set in results.json, also those "
                     "evaluated by earlier runs")
     ap.add_argument("--label", default="", help="a note printed above the tables (e.g. 'unrepaired index')")
@@ -804,6 +806,16 @@ def main() -> None:
     for s in chosen:
         if s not in sets:
             sys.exit(f"quality: unknown set {s!r}: use {', '.join(sets)}")
+    if args.report_only:   # render results.json as it is (each set as measured on its own index key)
+        results = {s: r for s, r in json.loads((OUT / "results.json").read_text()).items() if s in chosen}
+        loso = leave_one_set_out(results, [s for s in results if results[s].get("variants")]) \
+            if len([s for s in results if results[s].get("variants")]) >= 3 else None
+        text = (f"_{args.label}_\n\n" if args.label else "") + render(results, "python bench/quality.py --variants")
+        text += "\n" + render_variants(results, loso)
+        print(text)
+        if args.doc:
+            write_doc(text)
+        return
     infos = {}
     for s in chosen:
         infos[s] = build_index(sets[s], seed=not args.no_seed, force=args.rebuild, adopt=args.adopt)

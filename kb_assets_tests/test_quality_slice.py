@@ -145,7 +145,7 @@ def measure(cfg_path: Path, sets: dict) -> dict:
     return out
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1500)
 def test_quality_slice_holds_its_figures(shared_dir):
     import subprocess
     import sys

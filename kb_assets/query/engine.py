@@ -8,8 +8,9 @@ Pipeline of one query (docs/QUALITY.md has the measurements behind each choice):
    - document vectors: the nearest documents by the mean of their chunk vectors (built by
      refresh_query_stats) — diversity: one long transcript takes one place, not the whole window;
    - keyword: the query's lexemes (english stemming) with their chunk frequencies from lexeme_stats; the
-     most selective ones, within a postings budget, are looked up one by one through the GIN index, each
-     match scored by IDF (or idf × ts_rank), summed per chunk, at most `per_document_chunks` per document.
+     most selective ones, within a postings budget, are looked up one by one through the GIN index, and the
+     documents scored by BM25 over those postings (Tuning.keyword_bm25; or, off, each match scored by IDF or
+     idf × ts_rank, summed per chunk, at most `per_document_chunks` per document).
 2. Collapse to documents per channel: a document's channel score is its best chunk plus a decayed share of
    its next best chunks, at most `per_document_chunks` of them.
 3. Fuse the channels (reciprocal rank fusion, weights and k are settings; or a convex combination),
