@@ -6,7 +6,7 @@ from kb_assets.defs.assets import kb_chunks, kb_embeddings, kb_search_index, kb_
 from kb_assets.defs.resources import KbResource
 from kb_assets.pipeline.embeddings import count_missing
 from kb_assets.store import spaces
-from kb_assets.store.locks import ddl_lock, source_lock
+from kb_assets.store.locks import ddl_lock
 
 SIGNPOST_FAILURE_RATE_LIMIT = 0.05
 
@@ -76,13 +76,12 @@ def recall_regression_set(kb: KbResource) -> dg.AssetCheckResult:
     from kb_assets.pipeline import index_sources
     from kb_assets.query.regression import run_regression, source_config
     from kb_assets.signposts.extractive import ExtractiveSignposter
-    from kb_assets.store.db import connect, migrate
+    from kb_assets.store.db import migrate
 
     cfg = kb.config.model_copy(update={"sources": [SourceConfig(**source_config())]})
     embedder = kb.embedder()
-    url = kb.database_url()
-    # its schema is shared by every run: two runs at once index it one after the other
-    with source_lock(url, ":regression-check"), connect(url, register=False) as conn:
+
+    def work(conn):
         with conn.transaction():   # two runs at once: CREATE SCHEMA IF NOT EXISTS can still collide
             ddl_lock(conn)
             conn.execute(f"CREATE SCHEMA IF NOT EXISTS {REGRESSION_SCHEMA}")
@@ -93,7 +92,11 @@ def recall_regression_set(kb: KbResource) -> dg.AssetCheckResult:
         register_vector(conn)
         # extractive signposts: the set measures retrieval, and must not spend LLM calls
         index_sources(cfg, conn, embedder=embedder, signposter=ExtractiveSignposter())
-        report = run_regression(conn, "regression", embedder=embedder)
+        return run_regression(conn, "regression", embedder=embedder)
+
+    # its schema is shared by every run: two runs at once index it one after the other (the lock), and a
+    # database restart is retried like the stages
+    report = kb.run_stage(":regression-check", work)
     misses = [d for d in report["details"] if not d["ok"]]
     return dg.AssetCheckResult(
         passed=report["passed"], severity=dg.AssetCheckSeverity.WARN,
