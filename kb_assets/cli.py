@@ -134,7 +134,8 @@ def _index(args, run) -> int:
                 run.current, run.pending = key, keys[n + 1:]
                 # one run per source at a time: wait for (or, --no-wait, refuse) another run holding it
                 with source_lock(url, key, wait=not args.no_wait, check=cancel.check,
-                                 on_wait=lambda line: console.print(f"kb index: {line}")):
+                                 on_wait=lambda line: console.print(f"kb index: {line}"),
+                                 retry_seconds=cfg.database_retry_seconds):
                     if not use_bars and not args.quiet:
                         console.print(f"indexing {key} …")
                     result = job.execute_in_process(partition_key=key, instance=instance, run_config=run_config,

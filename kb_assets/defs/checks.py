@@ -82,7 +82,9 @@ def signpost_failure_rate(kb: KbResource) -> dg.AssetCheckResult:
 def recall_regression_set(kb: KbResource) -> dg.AssetCheckResult:
     from kb_assets.pipeline.regression_check import run_regression_check
 
-    report = run_regression_check(kb.config, kb.embedder())
+    # its schema is shared by every run: two runs at once check one after the other (the lock), and a
+    # database restart is retried like the stages
+    report = kb.run_stage(":regression-check", lambda conn: run_regression_check(kb.config, kb.embedder()))
     misses = [d for d in report["details"] if not d["ok"]]
     return dg.AssetCheckResult(
         passed=report["passed"], severity=dg.AssetCheckSeverity.WARN,

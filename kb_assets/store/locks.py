@@ -99,7 +99,7 @@ class _Held:
 @contextmanager
 def source_lock(url: str, source_key: str, *, wait: bool = True, on_wait: Callable[[str], None] | None = None,
                 check: Callable[[], None] | None = None, poll: float = 0.5,
-                connect_kwargs: dict | None = None) -> Iterator[None]:
+                connect_kwargs: dict | None = None, retry_seconds: float = 0.0) -> Iterator[None]:
     """Hold the source's lock while inside. Busy: wait (telling `on_wait` once per holder), or raise
     SourceBusy when `wait` is False. `check` is called while waiting (it raises to give up, e.g. on a stop
     request). Re-entrant within the process."""
@@ -119,8 +119,15 @@ def source_lock(url: str, source_key: str, *, wait: bool = True, on_wait: Callab
         return
 
     key = source_lock_key(source_key)
-    conn = psycopg.connect(url, autocommit=True, application_name=f"kb pid={os.getpid()} waiting",
-                           **(connect_kwargs or {}))
+    from kb_assets.store.retry import retry_call
+
+    # a database restarting between two sources is waited for like the stages wait for it
+    def open_session() -> psycopg.Connection:
+        return psycopg.connect(url, autocommit=True, application_name=f"kb pid={os.getpid()} waiting",
+                               **(connect_kwargs or {}))
+
+    # 0: the caller retries (a stage's attempt); the raw error propagates
+    conn = retry_call(open_session, url=url, budget=retry_seconds) if retry_seconds else open_session()
     try:
         told = None
         while not conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
