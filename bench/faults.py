@@ -193,11 +193,9 @@ def _array(v):
 
 def snapshot(url: str) -> dict:
     import numpy as np
-    import psycopg
-    from pgvector.psycopg import register_vector
+    from kb_assets.store.db import connect
 
-    with psycopg.connect(url, autocommit=True) as conn:
-        register_vector(conn)
+    with connect(url) as conn:     # kb's schema (KB_SCHEMA, else kb), the vector type registered
         q = lambda sql, *a: conn.execute(sql, a).fetchall()  # noqa: E731
         snap: dict = {}
         snap["documents"] = sorted(q(
@@ -326,7 +324,7 @@ class Harness:
         finally:
             from kb_assets.store.db import release_embedded
 
-            release_embedded()
+            release_embedded(data_dir)   # only this one: a test process holds others
 
     def reference(self) -> dict:
         d, cfg, calls, trace = self._paths("clean")

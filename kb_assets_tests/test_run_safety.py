@@ -16,6 +16,7 @@ import pytest
 from kb_assets.embedding import FixedCostEmbedder
 from kb_assets.pipeline import cancel
 from kb_assets.store import locks, retry, spaces
+from kb_assets.store.db import connect
 
 
 # ---------------------------------------------------------------- source locks
@@ -78,7 +79,7 @@ def test_a_stop_request_ends_the_wait(db_url):
 
 
 def test_vector_index_built_by_two_sessions_at_once_is_built_once(db_url):
-    with psycopg.connect(db_url, autocommit=True) as conn:
+    with connect(db_url) as conn:     # kb's schema, where db_url's migrations put the tables
         table = spaces.ensure_space(conn, "m", 3)
         conn.execute(f'INSERT INTO "{table}" SELECT g::text, \'[1,2,3]\' FROM generate_series(1, 2000) g')
     errors, built = [], []
@@ -86,7 +87,7 @@ def test_vector_index_built_by_two_sessions_at_once_is_built_once(db_url):
 
     def build():
         try:
-            with psycopg.connect(db_url, autocommit=True) as c:
+            with connect(db_url) as c:
                 barrier.wait()
                 built.append(spaces.ensure_vector_index(c, table))
         except Exception as exc:  # the UniqueViolation seen with a server database

@@ -122,14 +122,16 @@ def _revive(server, pgdata: Path) -> None:
                                        f"be started yet: {why}") from exc
 
 
-def release_embedded(*, exiting: bool = False) -> None:
+def release_embedded(data_dir: Path | None = None, *, exiting: bool = False) -> None:
     """Let go of this process's embedded-server handles now (a hard exit skips atexit): the server stops
-    if no other live process holds it."""
+    if no other live process holds it. `data_dir`: only the server under that kb data folder."""
     global _released
+    only = str((data_dir / "pg").resolve()) if data_dir is not None else None
     with _servers_lock:
         _released = _released or exiting
-        servers = list(_servers.items())
-        _servers.clear()
+        servers = [(k, v) for k, v in _servers.items() if only is None or k == only]
+        for key, _ in servers:
+            del _servers[key]
     for key, server in servers:
         try:
             prune_stale_handles(Path(key))
