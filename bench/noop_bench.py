@@ -50,6 +50,16 @@ def _corpus_root(spec: str, work: Path) -> Path:
     return tops[0] if len(tops) == 1 else work / "corpus"
 
 
+def write_config(work: Path, root: Path, database_url: str | None = None) -> Path:
+    """work/kb.yaml: one source `nats` (kind adr) over root's adr/*.md, the local model, extractive signposts,
+    the embedded PostgreSQL under work/data unless database_url."""
+    cfg = work / "kb.yaml"
+    cfg.write_text(json.dumps({
+        "data_dir": str(work / "data"), "database_url": database_url,
+        "sources": [{"key": "nats", "kind": "adr", "root": str(root), "include": ["adr/*.md"]}]}, indent=1))
+    return cfg
+
+
 def _time_field(text: str, label: str) -> str:
     m = re.search(rf"{re.escape(label)}: (.+)", text)
     return m.group(1).strip() if m else ""
@@ -60,12 +70,12 @@ def _seconds(clock: str) -> float:
     return sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
 
 
-def run_index(cfg: Path, *, importtime: bool = False) -> dict:
+def run_index(cfg: Path, *, importtime: bool = False, timeout: float | None = None) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env.pop("DAGSTER_HOME", None)      # kb index's own default: an ephemeral Dagster instance
     cmd = ["/usr/bin/time", "-v", sys.executable] + (["-X", "importtime"] if importtime else []) + \
           ["-c", _RUN, "index", "--config", str(cfg), "--json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cfg.parent)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cfg.parent, timeout=timeout)
     if proc.returncode != 0:
         raise SystemExit(f"kb index failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     out = json.loads(proc.stdout)
@@ -142,10 +152,7 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="kb-noop-", dir="/tmp"))
     work.mkdir(parents=True, exist_ok=True)
     root = _corpus_root(args.corpus, work)
-    cfg = work / "kb.yaml"
-    cfg.write_text(json.dumps({
-        "data_dir": str(work / "data"), "database_url": args.database_url,
-        "sources": [{"key": "nats", "kind": "adr", "root": str(root), "include": ["adr/*.md"]}]}, indent=1))
+    cfg = write_config(work, root, args.database_url)
     rows = [("first", run_index(cfg))]
     for i in range(args.nochange):
         rows.append((f"nochange {i + 1}", run_index(cfg, importtime=args.importtime and i == args.nochange - 1)))
