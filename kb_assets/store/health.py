@@ -65,7 +65,10 @@ def unmatched_includes(conn: psycopg.Connection, source: SourceConfig) -> list[s
     folder that moved. Empty when the source was never indexed (nothing to say yet)."""
     from kb_assets.sources.globs import compile_glob
 
-    if not source.include:
+    from kb_assets.config import DEFAULT_DOC_GLOBS
+
+    # the built-in default (no kb.yaml) lists file types a repository may or may not have: not a typo
+    if not source.include or list(source.include) == DEFAULT_DOC_GLOBS:
         return []
     paths = [p.split("#", 1)[0] for (p,) in conn.execute(
         "SELECT path FROM documents WHERE source_key = %s", (source.key,))]
