@@ -161,19 +161,13 @@ def search_json(cfg, query: str, *, limit: int | None = None) -> dict[str, Any]:
     return {"query": query, "chunks": hits, "truncated": any_cut}
 
 
-def status_report(conn, cfg) -> dict[str, Any]:
-    """The JSON of `kb status --json` (store.status.status_report, the one the CLI and HTTP API use)."""
-    from kb_assets.store.status import status_report as report
-
-    return report(conn, [s.key for s in cfg.sources], config=cfg)
-
-
 def status_json(cfg, *, skipped_files: int = STATUS_SKIPPED_FILES) -> dict[str, Any]:
     """`status_report` with at most `skipped_files` skipped files listed per source (`skipped_files_truncated`
     says when more exist; `skipped` and `skip_reasons` always count them all)."""
     from kb_assets.query.engine import _connection_for
+    from kb_assets.store.status import status_report   # the one the CLI and the HTTP API use
 
-    report = status_report(_connection_for(cfg), cfg)
+    report = status_report(_connection_for(cfg), [s.key for s in cfg.sources], config=cfg)
     for r in report["sources"]:
         files = r.get("skipped_files") or []
         r["skipped_files_truncated"] = len(files) > skipped_files
