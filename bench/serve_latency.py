@@ -9,11 +9,12 @@ with the real model. The synthetic vectors are not MiniLM's, so the relevance ga
 min_keyword_coverage 0) to keep every answer at its full 20 + 10 records — the fetch a real answer pays.
 
 1. Latency: one client (this process, httpx, keep-alive) asks GET /api/v1/recall for 150 short and 50
-   paragraph-long queries in turn: wall time per request (query embedding, search, records, JSON, HTTP),
-   and the server's own embed_ms.
+   paragraph-long queries, each of the default server and (--compare numpy) of a second server on the previous
+   numpy encoder in turn, so both see the same load: wall time per request (query embedding, search, records,
+   JSON, HTTP) and the server's own timings; then 50 of them again (query-vector cache hits).
 2. Load: 16 concurrent clients (asyncio + httpx in this process, a second process beside the server on
-   loopback) loop over the same queries for --load-seconds (60): throughput, p50/p95, errors, the server's RSS
-   before and after.
+   loopback) loop over the same queries, each made unique (no cache hit), for --load-seconds (60): throughput,
+   p50/p95, errors, the server's RSS before and after.
 3. Cold `kb recall --json` in a fresh process through KB_SERVER, against the same call in-process.
 
 The machine is shared: every figure comes with the load average.
@@ -79,12 +80,13 @@ def prepare(work: Path, chunks: int):
     return conn, meta, rl.make_queries(conn, 150, 50)
 
 
-def start_server(work: Path, port: int):
+def start_server(work: Path, port: int, extra_env: dict | None = None, log_name: str = "serve.log"):
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", KB_CONFIG=str(work / "kb.yaml"))
     env.pop("KB_DATABASE_URL", None)
+    env.update(extra_env or {})
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "kb_assets.cli", "serve", "--port", str(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=open(work / "serve.log", "w"), start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=open(work / log_name, "w"), start_new_session=True)
     import httpx
 
     while True:
@@ -94,7 +96,7 @@ def start_server(work: Path, port: int):
         except httpx.HTTPError:
             pass
         if proc.poll() is not None:
-            sys.exit("kb serve exited:\n" + (work / "serve.log").read_text())
+            sys.exit("kb serve exited:\n" + (work / log_name).read_text())
         time.sleep(0.2)
 
 
@@ -104,32 +106,55 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def latency(base: str, token: str, queries, pid: int) -> dict:
+def _summary(rows: list[dict]) -> dict:
+    """p50/p95 of wall and the server's own timings, overall and per query length."""
+    out = {"n": len(rows)}
+    for label, sel in (("all", rows), ("short", [r for r in rows if r["short"]]),
+                       ("paragraph", [r for r in rows if not r["short"]])):
+        out[label] = {k: [pct([r[k] for r in sel], 50), pct([r[k] for r in sel], 95)]
+                      for k in ("wall", "embed", "search", "fetch", "server")}
+    return out
+
+
+def latency(servers: dict, token: str, queries) -> dict:
+    """One client asks every query once of each server in turn (A/B within one run: the same load for both);
+    then asks 50 of them again (query-vector cache hits)."""
     import httpx
 
-    wall, embed, server_total = {"short": [], "paragraph": []}, [], []
-    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=60) as c:
-        for q, _v, _ in queries[:10]:                        # warm-up: caches, the model's first passes
-            c.get("/api/v1/recall", params={"q": q})
-        cpu0 = cpu_s(pid)
-        for q, _v, _ in queries:
+    clients = {name: httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+               for name, (base, _pid) in servers.items()}
+    rows = {name: [] for name in servers}
+    cpu = {}
+    try:
+        for c in clients.values():                          # warm-up with other texts: caches stay cold
+            for i in range(10):
+                c.get("/api/v1/recall", params={"q": f"warm up {i} w{i} w{i + 40}"})
+        cpu0 = {name: cpu_s(pid) for name, (_b, pid) in servers.items()}
+
+        def ask(name: str, q: str) -> dict:
             t0 = time.perf_counter()
-            r = c.get("/api/v1/recall", params={"q": q})
+            r = clients[name].get("/api/v1/recall", params={"q": q})
             ms = (time.perf_counter() - t0) * 1000
             assert r.status_code == 200, r.text
             body = r.json()
             assert len(body["documents"]) == 20, len(body["documents"])
-            wall["short" if len(q.split()) < 20 else "paragraph"].append(ms)
-            embed.append(body["timings"]["embed_ms"])
-            server_total.append(body["timings"]["total_ms"])
-        cpu_ms = (cpu_s(pid) - cpu0) * 1000 / len(queries)
-    every = wall["short"] + wall["paragraph"]
-    return {"n": len(every), "p50_ms": pct(every, 50), "p95_ms": pct(every, 95),
-            "short_p50_p95": [pct(wall["short"], 50), pct(wall["short"], 95)],
-            "paragraph_p50_p95": [pct(wall["paragraph"], 50), pct(wall["paragraph"], 95)],
-            "embed_p50_p95": [pct(embed, 50), pct(embed, 95)],
-            "server_total_p50_p95": [pct(server_total, 50), pct(server_total, 95)],
-            "server_cpu_ms_per_request": cpu_ms}
+            t = body["timings"]
+            return {"short": len(q.split()) < 20, "wall": ms, "embed": t["embed_ms"], "search": t["search_ms"],
+                    "fetch": t["fetch_ms"], "server": t["total_ms"]}
+
+        for k, (q, _v, _) in enumerate(queries):
+            order = list(servers) if k % 2 == 0 else list(servers)[::-1]
+            for name in order:
+                rows[name].append(ask(name, q))
+        cpu = {name: (cpu_s(pid) - cpu0[name]) * 1000 / len(queries) for name, (_b, pid) in servers.items()}
+        first = list(servers)[0]
+        again = [ask(first, q) for q, _v, _ in queries[::4]]
+    finally:
+        for c in clients.values():
+            c.close()
+    out = {name: {**_summary(r), "server_cpu_ms_per_request": cpu[name]} for name, r in rows.items()}
+    out["repeat"] = _summary(again)
+    return out
 
 
 async def _load(base: str, token: str, queries, clients: int, seconds: float) -> dict:
@@ -143,7 +168,7 @@ async def _load(base: str, token: str, queries, clients: int, seconds: float) ->
         nonlocal errors
         k = i
         while time.perf_counter() < stop_at:
-            q = queries[k % len(queries)][0]
+            q = f"{queries[k % len(queries)][0]} r{k}"   # unique text: every request runs the encoder
             k += clients
             t0 = time.perf_counter()
             try:
@@ -195,6 +220,11 @@ def write_doc(section: str) -> Path:
     return doc
 
 
+def _row(label: str, lat: dict, key: str = "wall") -> str:
+    return (f"| {label} | {lat['all'][key][0]:.1f} | {lat['all'][key][1]:.1f} | {lat['short'][key][0]:.1f} | "
+            f"{lat['short'][key][1]:.1f} | {lat['paragraph'][key][0]:.1f} | {lat['paragraph'][key][1]:.1f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "kb-bench-serve"))
@@ -202,6 +232,9 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--load-seconds", type=float, default=60.0)
     ap.add_argument("--cold-runs", type=int, default=4)
+    ap.add_argument("--compare", default="numpy",
+                    help="a second server with KB_QUERY_RUNTIME=<this> (the numpy encoder: before) asked in "
+                         "turn with the first in the latency phase; '' for none")
     ap.add_argument("--write-doc", action="store_true")
     args = ap.parse_args()
 
@@ -213,15 +246,28 @@ def main() -> None:
     conn, meta, queries = prepare(work, args.chunks)
     conn.execute("DELETE FROM api_tokens WHERE name = 'bench'")
     token = create_token(conn, "bench", rate="1000000/min")["token"]
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    proc, start_s = start_server(work, port)
+    procs = {}
     try:
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        proc, start_s = start_server(work, port)
+        procs["default"] = (base, proc)
+        servers = {"default": (base, proc.pid)}
         print(f"kb serve up in {start_s:.1f} s (model loaded, pool open); RSS {rss_mb(proc.pid):.0f} MB", flush=True)
+        rss_start = rss_mb(proc.pid)
+        if args.compare:
+            cport = free_port()
+            cproc, _ = start_server(work, cport, {"KB_QUERY_RUNTIME": args.compare}, "serve-compare.log")
+            procs[args.compare] = (f"http://127.0.0.1:{cport}", cproc)
+            servers[args.compare] = (f"http://127.0.0.1:{cport}", cproc.pid)
         load0 = os.getloadavg()
-        lat = latency(base, token, queries, proc.pid)
+        lat = latency(servers, token, queries)
         load1 = os.getloadavg()
         print("latency", json.dumps(lat), f"load {load0[0]:.1f} -> {load1[0]:.1f}", flush=True)
+        if args.compare:
+            cproc = procs.pop(args.compare)[1]
+            os.killpg(cproc.pid, signal.SIGTERM)
+            cproc.wait(30)
         rss_before = rss_mb(proc.pid)
         samples, sampling = [], threading.Event()
 
@@ -242,52 +288,63 @@ def main() -> None:
         load3 = os.getloadavg()
         print("cold kb recall", json.dumps(cold), f"load {load3[0]:.1f}", flush=True)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
+        for _b, p in procs.values():
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(30)
     if args.write_doc:
+        d = lat["default"]
+        table = ["| server | all p50 | all p95 | short p50 | short p95 | paragraph p50 | paragraph p95 |",
+                 "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+                 _row("**default** (onnxruntime encoder): wall at the client", d),
+                 _row("… of which the query embedding (server)", d, "embed"),
+                 _row("… search (server)", d, "search"),
+                 _row("… records (server)", d, "fetch")]
+        if args.compare:
+            c = lat[args.compare]
+            table += [_row(f"before: `KB_QUERY_RUNTIME={args.compare}`: wall at the client", c),
+                      _row("… of which the query embedding (server)", c, "embed")]
+        table.append(_row("default, the same queries again (query-vector cache hits)", lat["repeat"]))
+        cpu_line = f"**{d['server_cpu_ms_per_request']:.1f} ms of server CPU per request** (default)"
+        if args.compare:
+            cpu_line += f" against {lat[args.compare]['server_cpu_ms_per_request']:.1f} ms ({args.compare})"
         section = "\n".join([
             "## kb serve",
             "",
             f"Command: `python bench/serve_latency.py --write-doc` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}). "
             f"The synthetic 50K index of bench/recall_latency.py ({meta['chunks']:,} chunks, {meta['documents']:,} "
             f"documents) filed under {LOCAL_MODEL}, so `kb serve` embeds every query with the real local model "
-            "(CPU, torch); the relevance gate is opened so every answer carries its full 20 documents + 10 code "
-            f"records. {os.cpu_count()} cores **shared with seven other engineers' work**: the load average is "
-            "given with each figure, and the figures are noisy; ratios within one run are the honest comparison. "
+            "(its own weights, the torch-free encoder of kb_assets/embedding/numpy_bert.py); the relevance gate is "
+            "opened so every answer carries its full 20 documents + 10 code records. "
+            f"{os.cpu_count()} cores **shared with the other engineers' work**: the load average is given with each "
+            "figure; ratios within one run are the honest comparison. "
             f"Python {platform.python_version()}, uvicorn, embedded PostgreSQL 16 + pgvector 0.6.2.",
             "",
-            f"Start-up: `kb serve` answers /healthz {start_s:.1f} s after launch (imports, database, model load, "
-            "pool), once; every request after that pays none of it.",
+            f"Start-up: `kb serve` answers /healthz {start_s:.1f} s after launch (imports, database, query encoder "
+            f"session, pool), once; RSS {rss_start:.0f} MB (no torch in the process).",
             "",
-            f"**Latency**, one client, {lat['n']} requests in turn (GET /api/v1/recall, wall time at the client: "
-            f"query embedding + search + records + JSON + HTTP), load average {load0[0]:.1f} → {load1[0]:.1f}:",
+            f"**Latency**, one client, {d['n']} requests per server (150 short 3-8-word queries, 50 paragraph-long "
+            "60-100-word ones; GET /api/v1/recall, wall time at the client: query embedding + search + records + "
+            "JSON + HTTP)" + (f", asked in turn of the default server and of one with the previous numpy encoder "
+                              f"(`KB_QUERY_RUNTIME={args.compare}`)" if args.compare else "")
+            + f"; load average {load0[0]:.1f} → {load1[0]:.1f}. Milliseconds:",
             "",
-            "| queries | p50 ms | p95 ms |",
-            "| --- | ---: | ---: |",
-            f"| all | {lat['p50_ms']:.1f} | {lat['p95_ms']:.1f} |",
-            f"| short (3-8 words) | {lat['short_p50_p95'][0]:.1f} | {lat['short_p50_p95'][1]:.1f} |",
-            f"| paragraph (60-100 words) | {lat['paragraph_p50_p95'][0]:.1f} | {lat['paragraph_p50_p95'][1]:.1f} |",
-            f"| of which query embedding (server) | {lat['embed_p50_p95'][0]:.1f} | {lat['embed_p50_p95'][1]:.1f} |",
+            *table,
             "",
-            f"The server process spent **{lat['server_cpu_ms_per_request']:.1f} ms of CPU per request** (utime + "
-            "stime over the 200 requests: embedding, search, records, JSON, HTTP, token check) — the figure the "
-            "machine's load does not inflate, and what a request costs where it has a core to itself. "
-            "Targets: p50 ≤ 40 ms, p95 ≤ 120 ms.",
+            f"{cpu_line}: utime + stime over the requests (embedding, search, records, JSON, HTTP, token check) "
+            "— the figure the machine's load does not inflate. Targets: p50 ≤ 40 ms, p95 ≤ 120 ms.",
             "",
             f"**Load**: {load['clients']} concurrent clients from a second process on loopback (asyncio + httpx, "
-            f"keep-alive), {load['seconds']} s: {load['requests']} requests, **{load['throughput_rps']:.1f} req/s**, "
+            f"keep-alive), {load['seconds']} s, every request a query text not asked before (the encoder runs "
+            f"every time; no cache hit): {load['requests']} requests, **{load['throughput_rps']:.1f} req/s**, "
             f"p50 {load['p50_ms']:.0f} ms, p95 {load['p95_ms']:.0f} ms, **{load['errors']} errors** "
             f"(statuses {load['statuses']}); server RSS {rss_before:.0f} MB before, {rss_after:.0f} MB after "
             f"(every {args.load_seconds / 6:.0f} s during the run: {load['rss_samples_mb']} MB); "
-            f"load average {load2[0]:.1f} at the end. RSS rises while the thread pool and connections warm up, then "
-            "stays flat. Query embeddings run one at a time on one torch thread (see \"kb serve: query embedding "
-            "threads\"); searches and record fetches run in parallel on the 8-connection pool, so under this "
-            "load the embedding queue sets the throughput and the tail.",
+            f"load average {load2[0]:.1f} at the end. Query embeddings run one at a time (serve.embed_threads "
+            "threads each); searches and record fetches run in parallel on the connection pool.",
             "",
             f"**Cold `kb recall --json`** in a fresh process (load average {load3[0]:.1f}): through the server "
             f"(KB_SERVER + KB_TOKEN) {cold['via_server_s']:.2f} s median of {cold['via_server_all']}; in-process "
-            f"(imports torch, loads the model, opens the database) {cold['in_process_s']:.2f} s median of "
-            f"{cold['in_process_all']}.",
+            f"(numpy encoder, opens the database) {cold['in_process_s']:.2f} s median of {cold['in_process_all']}.",
             ""])
         print("wrote", write_doc(section))
 

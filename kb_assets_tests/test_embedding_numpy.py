@@ -63,18 +63,59 @@ def test_the_packaged_model_is_supported_and_others_are_not(model_dir, tmp_path)
     assert not numpy_bert.supports(tmp_path)     # not a model folder at all
 
 
-def test_same_vectors_as_sentence_transformers(model_dir):
+@pytest.fixture(scope="module")
+def onnx_cache(tmp_path_factory):
+    """Its own cache folder: the graph is built here once for the module (the digest keys it)."""
+    folder = tmp_path_factory.mktemp("onnx-cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("KB_CACHE_DIR", str(folder))
+    yield folder
+    mp.undo()
+
+
+@pytest.mark.parametrize("runtime", ["numpy", "onnx"])
+def test_same_vectors_as_sentence_transformers(model_dir, runtime, onnx_cache):
     shared = Path(__file__).resolve().parents[1].parent / "shared"
     texts = SAMPLE + _corpus_sample(shared if shared.exists() else None)
-    ours = numpy_bert.encoder_for(model_dir).encode(texts)
+    encoder = numpy_bert.encoder_for(model_dir, runtime)
+    assert encoder.runtime == runtime
+    ours = encoder.encode(texts)
     reference = local_mod.load_model(model_dir).encode(texts, normalize_embeddings=True, convert_to_numpy=True,
                                                        show_progress_bar=False)
     assert ours.shape == reference.shape == (len(texts), 384) and ours.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
     cos = (ours * reference).sum(1)
-    assert cos.min() >= 0.999, f"worst cosine {cos.min():.6f} on {texts[int(cos.argmin())][:60]!r}"
+    assert cos.min() >= 0.9999, f"worst cosine {cos.min():.6f} on {texts[int(cos.argmin())][:60]!r}"
     # one text alone (no padding) equals the same text in a padded batch
-    np.testing.assert_allclose(numpy_bert.encoder_for(model_dir).encode([texts[0]])[0], ours[0], atol=1e-5)
+    for i in (0, 3, 6):
+        np.testing.assert_allclose(encoder.encode([texts[i]])[0], ours[i], atol=1e-5)
+
+
+def test_onnx_graph_is_cached_by_model_digest(model_dir, onnx_cache, tmp_path):
+    """Built once per model digest (no torch, nothing fetched), then reused; other weights, another file."""
+    first = numpy_bert.cached_onnx_model(model_dir)
+    assert isinstance(first, Path) and first.parent == onnx_cache and first.stat().st_size > 50_000_000
+    mtime = first.stat().st_mtime_ns
+    assert numpy_bert.cached_onnx_model(model_dir) == first and first.stat().st_mtime_ns == mtime
+    other = tmp_path / "model"
+    shutil.copytree(model_dir, other, ignore=shutil.ignore_patterns("model.safetensors"))
+    (other / "model.safetensors").symlink_to(model_dir / "model.safetensors")
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["layer_norm_eps"] = 1e-6                         # a different model: a different digest
+    (other / "config.json").write_text(json.dumps(cfg))
+    assert numpy_bert.model_digest(other) != numpy_bert.model_digest(model_dir)
+    assert numpy_bert.onnx_cache_dir() == onnx_cache
+    assert sorted(p.name for p in onnx_cache.glob("*.onnx")) == [first.name]
+
+
+def test_long_lived_processes_prefer_onnxruntime(model_dir, monkeypatch, onnx_cache):
+    monkeypatch.setattr(numpy_bert, "_PREFERRED", {"runtime": "numpy", "threads": 1})
+    monkeypatch.delenv(numpy_bert.RUNTIME_ENV, raising=False)
+    assert numpy_bert.runtime() == "numpy"                # a one-shot `kb recall`: nothing to build
+    numpy_bert.prefer_onnxruntime(threads=1)
+    assert numpy_bert.runtime() == "onnx"
+    monkeypatch.setenv(numpy_bert.RUNTIME_ENV, "numpy")   # the operator's override wins
+    assert numpy_bert.runtime() == "numpy"
 
 
 def test_embed_query_uses_numpy_until_torch_is_loaded(monkeypatch):

@@ -60,7 +60,7 @@ def sample(pg_server_url, tmp_path_factory):
     with connect(url, register=False) as conn:
         migrate(conn)
     with connect(url) as conn:
-        index_sources(cfg, conn, embedder=make_embedder(cfg), signposter=make_signposter(cfg))
+        index_sources(cfg, conn, embedder=make_embedder(cfg), signposter=make_signposter(cfg), projections=True)
     yield cfg, config
     with psycopg.connect(pg_server_url, autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -86,7 +86,7 @@ async def _exercise(session, cfg) -> dict:
     init = await session.initialize()
     assert init.server_info.name == "kb" and "focused queries" in (init.instructions or "")
     tools = {t.name: t for t in (await session.list_tools()).tools}
-    assert set(tools) == {"recall", "show", "search", "status"}
+    assert set(tools) == {"recall", "show", "search", "status", "tier", "tags", "related"}
     assert "kb:<" in tools["recall"].description and "2-3" in tools["recall"].description
     assert tools["recall"].annotations.read_only_hint is True
     assert "queries" in tools["recall"].input_schema["required"]
@@ -104,7 +104,9 @@ async def _exercise(session, cfg) -> dict:
     assert json.loads(got.content[0].text) == doc
 
     templates = (await session.list_resource_templates()).resource_templates
-    assert [t.uri_template for t in templates] == ["kb://recall/{query}"]
+    assert sorted(t.uri_template for t in templates) == ["kb://recall/{query}", "kb://related/{id}",
+                                                          "kb://tier/1/{type}"]
+    await _exercise_projections(session, cfg, tools)
     read = await session.read_resource(f"kb://recall/{quote(QUERIES[0], safe='')}")
     content = read.contents[0]
     assert isinstance(content, TextResourceContents) and content.mime_type == "application/json"
@@ -135,6 +137,58 @@ async def _exercise(session, cfg) -> dict:
     again = await session.call_tool("recall", {"queries": QUERIES, "limit": 5})
     assert _stable(json.loads(again.content[0].text)) == _stable(many)
     return {"many": got_many}
+
+
+async def _exercise_projections(session, cfg, tools) -> None:
+    """tier / tags / related and their resources: the text `kb tier` prints, the JSON of `kb tags --json` and
+    `kb related --json`; the descriptions carry the T0 → T1 → T2 → T3 order."""
+    from mcp.types import TextResourceContents
+
+    from kb_assets.projections.commands import tier_text
+    from kb_assets.projections.report import tags_report
+    from kb_assets.query.relations import related
+    from kb_assets.store.db import connect, open_database
+
+    desc = tools["tier"].description
+    assert desc.index("T0") < desc.index("T1") < desc.index("T2") < desc.index("T3")
+    assert "show" in desc and "kb:<id>" in desc and "supersed" in tools["related"].description
+
+    adr = "kb:decisions/docs/adr/0003-retry-with-backoff.md"
+    t0 = tier_text(cfg, 0)
+    assert "0003-retry-with-backoff.md" in t0
+    got = json.loads((await session.call_tool("tier", {"tier": 0})).content[0].text)
+    assert got == {"tier": 0, "type": None, "chars": len(t0), "truncated": False, "text": t0}
+    got = json.loads((await session.call_tool("tier", {"tier": 1})).content[0].text)
+    assert got["text"] == tier_text(cfg, 1) and "adr |" in got["text"]
+    got = json.loads((await session.call_tool("tier", {"tier": 1, "type": "adr"})).content[0].text)
+    assert got["text"] == tier_text(cfg, 1, "adr") and adr in got["text"]
+    cut = json.loads((await session.call_tool("tier", {"tier": 0, "max_chars": 1000})).content[0].text)
+    assert cut["truncated"] is (len(t0) > 1000) and len(cut["text"]) <= 1000
+    with connect(open_database(cfg)) as conn:
+        want_tags = tags_report(conn, cfg)
+        want_related = related(conn, "decisions", "docs/adr/0003-retry-with-backoff.md", depth=2)
+    assert json.loads((await session.call_tool("tags", {})).content[0].text) == want_tags
+    got = json.loads((await session.call_tool("related", {"id": adr, "depth": 2})).content[0].text)
+    assert got == want_related and got["found"] is True
+
+    read = (await session.read_resource("kb://tier/0")).contents[0]
+    assert isinstance(read, TextResourceContents) and read.mime_type == "text/plain" and read.text == t0
+    read = (await session.read_resource("kb://tier/1/adr")).contents[0]
+    assert read.text == tier_text(cfg, 1, "adr")
+    read = (await session.read_resource(f"kb://related/{quote(adr, safe='')}")).contents[0]
+    assert json.loads(read.text)["id"] == adr
+
+    bad = {
+        "tier2": ({"tier": 2}, "use show"),
+        "type": ({"tier": 1, "type": "novel"}, "no T1 file for type 'novel'"),
+        "type0": ({"tier": 0, "type": "adr"}, "only tier 1 takes a type"),
+        "related": ({"id": "kb:docs/no-such.md"}, "no document kb:docs/no-such.md"),
+        "depth": ({"id": adr, "depth": 9}, "out of range"),
+    }
+    for label, (args, needle) in bad.items():
+        res = await session.call_tool("related" if "id" in args else "tier", args)
+        text = res.content[0].text
+        assert res.is_error and needle in text and "\n" not in text and "Traceback" not in text, (label, text)
 
 
 def test_stdio_kb_mcp_answers_like_in_process_recall(sample):

@@ -10,19 +10,33 @@ Only what sentence-transformers would run for such a folder is supported: module
 (mean) [→ Normalize] over a post-LayerNorm BERT with absolute positions and GELU. `supports()` says whether
 a folder qualifies; anything else stays on sentence-transformers. Documents are still embedded by
 sentence-transformers (batched, torch is faster there), so the stored vectors do not change.
+
+Two runtimes share the tokenizer and pooling: numpy (nothing to build: the one-shot `kb recall`), and
+onnxruntime for long-lived servers (`kb serve`, `kb mcp` call `prefer_onnxruntime()`): the same weights as
+an ONNX graph built here from `model.safetensors` (no torch; `onnx` only to write it), cached on disk keyed
+on the model's digest, run by ORT's fused CPU kernels: ~2x less CPU per query than numpy (docs/BENCHMARKS.md,
+"kb serve"). Either is checked against sentence-transformers (cosine ≥ 0.9999).
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import math
+import os
 import threading
 from pathlib import Path
 
 import numpy as np
 
-_CACHE: dict[str, "NumpyBertEncoder"] = {}
+log = logging.getLogger(__name__)
+
+_CACHE: dict[tuple, "NumpyBertEncoder | OnnxBertEncoder"] = {}
 _LOCK = threading.Lock()
 _CONTROLLER = None       # threadpoolctl.ThreadpoolController, made on the first encode
+_PREFERRED = {"runtime": "numpy", "threads": 1}
+RUNTIME_ENV = "KB_QUERY_RUNTIME"     # numpy | onnx: overrides the process's preference
+ONNX_GRAPH_VERSION = 1               # bump when the graph built below changes: a new cache file
 
 
 def _read(path: Path) -> dict | list:
@@ -53,15 +67,44 @@ def supports(path: Path) -> bool:
     return not any(pooling.get(k) for k in others)
 
 
-def encoder_for(path: Path) -> "NumpyBertEncoder":
-    """One encoder per model folder per process (weights are read once, ~90 MB)."""
-    key = str(Path(path).resolve())
+def prefer_onnxruntime(threads: int = 1) -> None:
+    """A long-lived process (kb serve, kb mcp) answers queries with onnxruntime when it is installed: the
+    session costs ~0.3 s once and every query ~half the CPU of numpy. One-shot processes stay on numpy."""
+    _PREFERRED.update(runtime="onnx", threads=max(1, int(threads)))
+
+
+def runtime() -> str:
+    """The query runtime this process uses: $KB_QUERY_RUNTIME, else what prefer_onnxruntime() set, else
+    numpy; "onnx" only when onnxruntime imports."""
+    wanted = (os.environ.get(RUNTIME_ENV) or _PREFERRED["runtime"]).strip().lower()
+    if wanted == "onnx":
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            log.warning("onnxruntime is not installed: the query encoder runs on numpy")
+            return "numpy"
+        return "onnx"
+    return "numpy"
+
+
+def encoder_for(path: Path, runtime_name: str | None = None):
+    """One encoder per (model folder, runtime) per process (weights are read once, ~90 MB)."""
+    rt = runtime_name or runtime()
+    key = (str(Path(path).resolve()), rt)
     enc = _CACHE.get(key)
     if enc is None:
         with _LOCK:
             enc = _CACHE.get(key)
             if enc is None:
-                enc = _CACHE[key] = NumpyBertEncoder(Path(key))
+                if rt == "onnx":
+                    try:
+                        enc = OnnxBertEncoder(Path(key[0]), threads=_PREFERRED["threads"])
+                    except Exception as exc:   # noqa: BLE001 — never worse than numpy: fall back, say why
+                        log.warning("onnxruntime query encoder unavailable (%s): using numpy", exc)
+                        enc = _CACHE.get((key[0], "numpy")) or NumpyBertEncoder(Path(key[0]))
+                else:
+                    enc = NumpyBertEncoder(Path(key[0]))
+                _CACHE[key] = enc
     return enc
 
 
@@ -86,9 +129,10 @@ def _layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.n
     return (x - mean) / np.sqrt(var + eps) * w + b
 
 
-class NumpyBertEncoder:
-    def __init__(self, path: Path):
-        from safetensors import safe_open
+class _BertShape:
+    """What both runtimes share: the model's shape, the tokenizer as sentence-transformers runs it, pooling."""
+
+    def _setup(self, path: Path) -> dict:
         from tokenizers import Tokenizer
 
         cfg = _read(path / "config.json")
@@ -105,6 +149,29 @@ class NumpyBertEncoder:
         tok.enable_truncation(max_length=self.max_len)   # counts [CLS]/[SEP], as sentence-transformers does
         tok.enable_padding(pad_id=int(cfg.get("pad_token_id", 0)))
         self.tokenizer = tok
+        return cfg
+
+    def _tokens(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        encs = self.tokenizer.encode_batch(list(texts))
+        ids = np.array([e.ids for e in encs], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in encs], dtype=np.float32)
+        types = np.array([e.type_ids for e in encs], dtype=np.int64)
+        return ids, mask, types
+
+    def _pool(self, x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        pooled = (x * mask[:, :, None]).sum(1) / np.clip(mask.sum(1, keepdims=True), 1e-9, None)
+        if self.normalize:
+            pooled /= np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
+        return pooled.astype(np.float32)
+
+
+class NumpyBertEncoder(_BertShape):
+    runtime = "numpy"
+
+    def __init__(self, path: Path):
+        from safetensors import safe_open
+
+        self._setup(path)
         # The word-embedding table (30522 x 384, half the file) stays in the file: only the rows of the
         # tokens seen are read. The other tensors are read once; linear weights are used as stored
         # (out, in), multiplied transposed (BLAS takes the transpose flag, no copy).
@@ -142,10 +209,7 @@ class NumpyBertEncoder:
             return self._encode(texts)
 
     def _encode(self, texts: list[str]) -> np.ndarray:
-        encs = self.tokenizer.encode_batch(list(texts))
-        ids = np.array([e.ids for e in encs], dtype=np.int64)
-        mask = np.array([e.attention_mask for e in encs], dtype=np.float32)
-        types = np.array([e.type_ids for e in encs], dtype=np.int64)
+        ids, mask, types = self._tokens(texts)
         n, seq = ids.shape
         w = self.w
         x = (self._words(ids) + w["embeddings.position_embeddings.weight"][:seq][None]
@@ -174,7 +238,146 @@ class NumpyBertEncoder:
             inner = _gelu(self._linear(x, p + "intermediate.dense"))
             x = _layer_norm(self._linear(inner, p + "output.dense") + x,
                             w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"], self.eps)
-        pooled = (x * mask[:, :, None]).sum(1) / np.clip(mask.sum(1, keepdims=True), 1e-9, None)
-        if self.normalize:
-            pooled /= np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
-        return pooled.astype(np.float32)
+        return self._pool(x, mask)
+
+
+# ------------------------------------------------------------------------------------------ onnxruntime
+def model_digest(path: Path) -> str:
+    """sha256 of what the graph is made of (weights, config) and of the builder's version."""
+    h = hashlib.sha256(f"kb-bert-onnx-v{ONNX_GRAPH_VERSION}".encode())
+    for name in ("config.json", "model.safetensors"):
+        with open(path / name, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def onnx_cache_dir() -> Path:
+    """$KB_CACHE_DIR, else $XDG_CACHE_HOME/kb, else ~/.cache/kb (a derived file: safe to delete)."""
+    if os.environ.get("KB_CACHE_DIR"):
+        return Path(os.environ["KB_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kb"
+
+
+def build_onnx_graph(path: Path) -> bytes:
+    """The model as an ONNX graph (opset 20: LayerNormalization, exact Gelu), weights from model.safetensors.
+
+    Inputs input_ids / position_ids / token_type_ids (int64, [batch, seq]) and attn_bias (float32, [batch, 1,
+    1, seq]: 0 for tokens, float32 min for padding); output the last hidden state [batch, seq, hidden].
+    Q, K and V are one fused MatMul; ORT fuses the rest (bias + Gelu, Add + LayerNorm) when it loads it."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from safetensors.numpy import load_file
+
+    cfg = _read(path / "config.json")
+    layers, heads, hidden = int(cfg["num_hidden_layers"]), int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
+    eps = float(cfg.get("layer_norm_eps", 1e-12))
+    d = hidden // heads
+    w = {(k[5:] if k.startswith("bert.") else k): v.astype(np.float32)
+         for k, v in load_file(str(path / "model.safetensors")).items() if not k.endswith("position_ids")}
+    inits, nodes = [], []
+
+    def init(name: str, arr: np.ndarray) -> str:
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        return name
+
+    def op(kind: str, ins: list[str], out: str, **attrs) -> str:
+        nodes.append(helper.make_node(kind, ins, [out], **attrs))
+        return out
+
+    def layer_norm(x: str, prefix: str, out: str) -> str:
+        return op("LayerNormalization", [x, init(out + ".g", w[prefix + ".weight"]), init(out + ".b", w[prefix + ".bias"])],
+                  out, axis=-1, epsilon=eps)
+
+    def linear(x: str, weight: np.ndarray, bias: np.ndarray, out: str) -> str:
+        return op("Add", [op("MatMul", [x, init(out + ".w", weight.T)], out + ".mm"), init(out + ".bias", bias)], out)
+
+    e = op("Add", [op("Gather", [init("word", w["embeddings.word_embeddings.weight"]), "input_ids"], "e.word"),
+                   op("Gather", [init("pos", w["embeddings.position_embeddings.weight"]), "position_ids"], "e.pos")], "e.wp")
+    e = op("Add", [e, op("Gather", [init("type", w["embeddings.token_type_embeddings.weight"]), "token_type_ids"],
+                         "e.type")], "e.sum")
+    x = layer_norm(e, "embeddings.LayerNorm", "x0")
+    init("shape.bshd", np.array([0, 0, heads, d], dtype=np.int64))
+    init("shape.bsh", np.array([0, 0, hidden], dtype=np.int64))
+    init("scale", np.array(1.0 / math.sqrt(d), dtype=np.float32))
+    for i in range(layers):
+        p, n = f"encoder.layer.{i}.", f"l{i}."
+        qkv_w = np.concatenate([w[p + f"attention.self.{t}.weight"] for t in ("query", "key", "value")], 0)
+        qkv_b = np.concatenate([w[p + f"attention.self.{t}.bias"] for t in ("query", "key", "value")], 0)
+        qkv = linear(x, qkv_w, qkv_b, n + "qkv")
+        nodes.append(helper.make_node("Split", [qkv], [n + "q", n + "k", n + "v"], axis=-1, num_outputs=3))
+        q, k, v = (op("Transpose", [op("Reshape", [n + t, "shape.bshd"], n + t + ".r")], n + t + ".h", perm=perm)
+                   for t, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])))
+        scores = op("Add", [op("Mul", [op("MatMul", [q, k], n + "s"), "scale"], n + "s.scaled"), "attn_bias"], n + "s.masked")
+        ctx = op("MatMul", [op("Softmax", [scores], n + "p", axis=-1), v], n + "ctx.h")
+        ctx = op("Reshape", [op("Transpose", [ctx], n + "ctx.t", perm=[0, 2, 1, 3]), "shape.bsh"], n + "ctx")
+        a = linear(ctx, w[p + "attention.output.dense.weight"], w[p + "attention.output.dense.bias"], n + "attn")
+        x = layer_norm(op("Add", [a, x], n + "res1"), p + "attention.output.LayerNorm", n + "x1")
+        h = op("Gelu", [linear(x, w[p + "intermediate.dense.weight"], w[p + "intermediate.dense.bias"], n + "inter")],
+               n + "gelu")
+        o = linear(h, w[p + "output.dense.weight"], w[p + "output.dense.bias"], n + "out")
+        x = layer_norm(op("Add", [o, x], n + "res2"), p + "output.LayerNorm", n + "x2")
+    op("Identity", [x], "hidden")
+    i64, f32 = TensorProto.INT64, TensorProto.FLOAT
+    graph = helper.make_graph(nodes, "bert", [
+        helper.make_tensor_value_info(name, i64, ["batch", "seq"]) for name in ("input_ids", "position_ids", "token_type_ids")
+    ] + [helper.make_tensor_value_info("attn_bias", f32, ["batch", 1, 1, "seq"])],
+        [helper.make_tensor_value_info("hidden", f32, ["batch", "seq", hidden])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], producer_name="kb_assets")
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def cached_onnx_model(path: Path) -> Path | bytes:
+    """The cached graph file for this model's digest, built (and written atomically) on first use; when the
+    cache folder cannot be written, the graph's bytes."""
+    folder = onnx_cache_dir()
+    target = folder / f"{path.name}-{model_digest(path)[:24]}.onnx"
+    if target.is_file():
+        return target
+    data = build_onnx_graph(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+        return target
+    except OSError as exc:
+        log.warning("cannot cache the ONNX graph in %s (%s): built in memory", folder, exc)
+        return data
+
+
+class OnnxBertEncoder(_BertShape):
+    """The same forward pass in onnxruntime (CPU). `threads`: intra-op threads; spinning is off so a busy
+    machine's other work is not starved by idle-waiting threads."""
+
+    runtime = "onnx"
+
+    def __init__(self, path: Path, *, threads: int = 1):
+        import onnxruntime as ort
+
+        self._setup(path)
+        self.threads = threads
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.log_severity_level = 3
+        model = cached_onnx_model(path)
+        self.model_file = model if isinstance(model, Path) else None
+        self.session = ort.InferenceSession(str(model) if isinstance(model, Path) else model, opts,
+                                            providers=["CPUExecutionProvider"])
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        """(len(texts), hidden) float32, mean-pooled (and unit length when the folder normalises)."""
+        ids, mask, types = self._tokens(texts)
+        n, seq = ids.shape
+        positions = np.broadcast_to(np.arange(seq, dtype=np.int64), (n, seq))
+        bias = ((1.0 - mask) * np.finfo(np.float32).min)[:, None, None, :].astype(np.float32)
+        hidden = self.session.run(["hidden"], {"input_ids": ids, "position_ids": np.ascontiguousarray(positions),
+                                               "token_type_ids": types, "attn_bias": bias})[0]
+        return self._pool(hidden, mask)

@@ -11,7 +11,6 @@ import importlib
 import contextlib
 import json
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -55,17 +54,50 @@ class ApiError(Exception):
 
 
 # ------------------------------------------------------------------------------------------ server state
-class _LockedEmbedder:
-    """One query embedding at a time: the model already uses every core for one forward pass; concurrent
-    passes only thrash. Searches and record fetches still run in parallel."""
+class QueryEmbedder:
+    """The server's query encoder: one embedding at a time (a forward pass already keeps a core busy;
+    concurrent passes only thrash), behind a bounded LRU of recent query vectors (agents repeat questions:
+    a hit costs no forward pass). Searches and record fetches still run in parallel."""
 
-    def __init__(self, inner):
+    def __init__(self, inner, cache_size: int = 2048):
+        from collections import OrderedDict
+
         self._inner, self._lock = inner, threading.Lock()
         self.model, self.dimension = inner.model, inner.dimension
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, list[float]] = OrderedDict()
+        self._cache_lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    @property
+    def runtime(self) -> str:
+        """What embeds the queries: onnx | numpy (the torch-free encoders), torch, or the embedder's class."""
+        enc = getattr(self._inner, "query_encoder", None)
+        if enc is None:
+            return type(self._inner).__name__
+        if enc() != "numpy":
+            return enc()
+        from kb_assets.embedding import numpy_bert
+
+        return numpy_bert.runtime()
 
     def embed_query(self, text: str) -> list[float]:
+        if self.cache_size:
+            with self._cache_lock:
+                vec = self._cache.get(text)
+                if vec is not None:
+                    self._cache.move_to_end(text)
+                    self.hits += 1
+                    return vec
         with self._lock:
-            return self._inner.embed_query(text)
+            vec = list(self._inner.embed_query(text))
+        if self.cache_size:
+            with self._cache_lock:
+                self.misses += 1
+                self._cache[text] = vec
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+        return vec
 
 
 @dataclass
@@ -105,17 +137,21 @@ def open_state(cfg, *, embedder=None, database_url: str | None = None, no_auth: 
         from kb_assets.embedding import make_embedder
 
         embedder = make_embedder(cfg)
+    # The local model's queries run on the torch-free encoder (the vectors sentence-transformers gives):
+    # onnxruntime when installed, else numpy. torch is never imported by the server (half the RSS).
+    from kb_assets.embedding import numpy_bert
+
+    numpy_bert.prefer_onnxruntime(threads=cfg.serve.embed_threads)
     with connect(url, register=False) as conn:
         secret = server_secret(conn)
         active = conn.execute("SELECT model, dimension FROM embedding_spaces WHERE activated_at IS NOT NULL"
                               " ORDER BY activated_at DESC LIMIT 1").fetchone()
-    if cfg.embedder == "local" and hasattr(embedder, "path") and not os.environ.get("OMP_NUM_THREADS"):
-        import torch   # the local model loads torch anyway; set before its first pass
-
-        torch.set_num_threads(cfg.serve.embed_threads)
+    query_embedder = QueryEmbedder(embedder, cache_size=cfg.serve.query_cache)
     if active is not None and (embedder.model, int(embedder.dimension)) == (active[0], int(active[1])):
         embedder.embed_query("warm up")          # load the model now, not on the first request
-    return ServeState(cfg=cfg, pool=pool, embedder=_LockedEmbedder(embedder), no_auth=no_auth,
+        log.info("query encoder: %s (%s threads), %s cached query vectors at most", query_embedder.runtime,
+                 cfg.serve.embed_threads, cfg.serve.query_cache)
+    return ServeState(cfg=cfg, pool=pool, embedder=query_embedder, no_auth=no_auth,
                       log_query_text=log_query_text, secret=secret, secure_cookie=secure_cookie,
                       extras={"database_url": url})
 

@@ -1,5 +1,6 @@
-"""kb as an MCP server (official `mcp` SDK, 2.x): tools `recall`, `show`, `search`, `status` and the resource
-template `kb://recall/{query}`, over stdio (`kb mcp`) or streamable HTTP (`mcp_http_app()`).
+"""kb as an MCP server (official `mcp` SDK, 2.x): tools `recall`, `show`, `search`, `status`, the projections'
+`tier`, `tags`, `related`; resources `kb://recall/{query}`, `kb://tier/0`, `kb://tier/1/{type}`,
+`kb://related/{id}`; over stdio (`kb mcp`) or streamable HTTP (`mcp_http_app()`).
 
     claude mcp add kb -- /path/to/.venv/bin/kb mcp [--config /path/to/kb.yaml]
 
@@ -55,10 +56,22 @@ session transcripts, READMEs, AGENTS.md/CLAUDE.md sections, work items and the s
 proposing a design, changing a subsystem, or redoing work: it answers with signposts (summary, decisions, \
 files, freshness), not whole documents.
 How to use it well:
-1. Decompose a broad topic into 2-5 focused queries and pass them together to `recall` (one call).
-2. Read the signposts; open with `show` only the 2-3 documents worth reading in full.
-3. Cite what you rely on by its id, e.g. kb:decisions/docs/adr/0003-retry.md.
-4. A record marked stale changed after indexing: check the file itself."""
+1. Starting a task: read `tier` 0 (T0, one line per entry) once to learn what exists; then `tier` 1 with the type you need (T1: that type's entries with "use when").
+2. For a question: decompose a broad topic into 2-5 focused queries and pass them together to `recall` (one call). Read the signposts.
+3. Open with `show` (T2) only the 2-3 documents worth reading in full; `related` (T3) for what a decision supersedes, amends or touches.
+4. Cite what you rely on by its id, e.g. kb:decisions/docs/adr/0003-retry.md.
+5. A record marked stale changed after indexing: check the file itself."""
+
+TIER_DESCRIPTION = """The index rendered ahead of time (projections), cheapest first: read T0 before searching, T1 once the type is known, then T2 (`show`) only for documents to cite, T3 on demand.
+tier 0: every entry, one line each (`id | type | title | path | status`, grouped by folder: a `## kb:<prefix>` line starts a folder, ids below it are relative to it). tier 1 without a type: the types and their sizes; tier 1 with a type (adr, doc, session, …, or code for the repository map): one line per entry, `id | title | status | use when`; a superseded entry names its successor (read that instead). tier 3: the relations graph (`from | kind | to`). Text cut at max_chars (default 60000) with `truncated: true`. Same text as `kb tier`; cite entries as kb:<id>."""
+
+TAGS_DESCRIPTION = """Tags in use with their document counts and by-tag files (`kb tier`'s T1 by tag), vocabulary tags no document uses, and tags outside the kb.yaml vocabulary. Use it to pick a tag filter for `recall`. Same JSON as `kb tags --json`."""
+
+RELATED_DESCRIPTION = """T3 for one document: its relations (supersedes, superseded_by, amends, amended_by, references, touches) in both directions, up to `depth` hops (1-3). Use it before relying on a decision: a superseded one names its successor; `touches` edges name the code files a decision affects. Unresolved targets have `resolved: false`. Same JSON as `kb related --json`."""
+
+TIER_RESOURCE_DESCRIPTION = """T0, the one-line-per-entry index (`kb tier 0`): read it first, then kb://tier/1/{type}."""
+TIER1_RESOURCE_DESCRIPTION = """T1 for one type (`kb tier 1 <type>`): `id | title | status | use when`; `code` gives the repository map."""
+RELATED_RESOURCE_DESCRIPTION = """T3 for one document (`kb related <id>`), the id percent-encoded: kb://related/kb%3Adecisions%2Fdocs%2Fadr%2F0003-retry.md"""
 
 RECALL_DESCRIPTION = """\
 Ranked signposts for one or several focused queries: a `documents` section (ADRs, docs, sessions, \
@@ -178,6 +191,54 @@ def build_mcp_server(config=None, *, name: str = SERVER_NAME, **server_kwargs):
     def status() -> str:
         return guarded(tools.status_json)
 
+    @server.tool(name="tier", title="Read a projection tier", description=TIER_DESCRIPTION,
+                 annotations=read_only, structured_output=False)
+    def tier(
+        tier: Annotated[int, Field(description="0 (the index), 1 (per type; without a type: the list of types) "
+                                               "or 3 (relations graph); tier 2 is `show`")],
+        type: Annotated[str | None, Field(description="tier 1: a document type (adr, doc, session, transcript, "
+                                                      "readme, agents_md, memory, work_item) or code")] = None,
+        max_chars: Annotated[int | None, Field(description=f"cap on `text`, 1000-{tools.TIER_HARD_MAX_CHARS} "
+                                                           f"(default {tools.TIER_MAX_CHARS})")] = None,
+    ) -> str:
+        return guarded(tools.tier_json, tier, type, max_chars=max_chars)
+
+    @server.tool(name="tags", title="Tags in use", description=TAGS_DESCRIPTION, annotations=read_only,
+                 structured_output=False)
+    def tags() -> str:
+        return guarded(tools.tags_json)
+
+    @server.tool(name="related", title="Relations of one document", description=RELATED_DESCRIPTION,
+                 annotations=read_only, structured_output=False)
+    def related(
+        id: Annotated[str, Field(description="a kb id: kb:<source>/<path>")],
+        depth: Annotated[int | None, Field(description=f"hops, 1-{tools.MAX_RELATED_DEPTH} (default 1)")] = None,
+    ) -> str:
+        return guarded(tools.related_json, id, depth=depth)
+
+    def resource_text(fn, *args, text_only: bool = False, **kwargs) -> str:
+        try:
+            out = fn(cfg, *args, **kwargs)
+        except Exception as exc:
+            raise ResourceError(str(_tool_error(exc))) from None
+        return out["text"] if text_only else _dumps(out)
+
+    @server.resource("kb://tier/0", name="tier0", title="T0: the index", description=TIER_RESOURCE_DESCRIPTION,
+                     mime_type="text/plain")
+    def tier0_resource() -> str:
+        return resource_text(tools.tier_json, 0, text_only=True, max_chars=tools.TIER_HARD_MAX_CHARS)
+
+    @server.resource("kb://tier/1/{type}", name="tier1", title="T1: one type", description=TIER1_RESOURCE_DESCRIPTION,
+                     mime_type="text/plain")
+    def tier1_resource(type: str) -> str:
+        return resource_text(tools.tier_json, 1, type, text_only=True, max_chars=tools.TIER_HARD_MAX_CHARS)
+
+    @server.resource("kb://related/{id}", name="related", title="T3: relations of one document",
+                     description=RELATED_RESOURCE_DESCRIPTION, mime_type="application/json",
+                     security=ResourceSecurity(exempt_params={"id"}))
+    def related_resource(id: str) -> str:
+        return resource_text(tools.related_json, id)
+
     # Queries are free text, not paths: the SDK's path-traversal checks ("..", "/x") would reject real
     # questions; NUL bytes are still refused (by tools._text).
     @server.resource("kb://recall/{query}", name="recall", title="Recall one query",
@@ -227,7 +288,11 @@ def run_stdio(config=None) -> None:
 
     import anyio
 
+    from kb_assets.embedding import numpy_bert
+
     server = build_mcp_server(config)
+    # a long-lived process: the query encoder on onnxruntime (built once, cached), never torch
+    numpy_bert.prefer_onnxruntime(threads=server.kb_config.serve.embed_threads)
     threading.Thread(target=tools.warm_up, args=(server.kb_config,), name="kb-warm-up", daemon=True).start()
     logging.basicConfig(level=logging.WARNING, format="kb mcp: %(levelname)s %(name)s: %(message)s")
 

@@ -191,3 +191,70 @@ def warm_up(cfg) -> None:
             encoder_for(emb.path).encode(["warm up"])
     except Exception:   # noqa: BLE001 — reported by the first call instead, with its one-line message
         pass
+
+
+# ---------------------------------------------------------------------------------------------- projections
+TIER_MAX_CHARS = 60_000        # a T0 of ~2,000 entries; more is cut with `truncated` (pass max_chars)
+TIER_HARD_MAX_CHARS = 1_000_000
+MAX_RELATED_DEPTH = 3
+
+
+def tier_json(cfg, tier: int, type_: str | None = None, *, max_chars: int | None = None) -> dict[str, Any]:
+    """A projection file as `kb tier TIER [TYPE]` prints it: {"tier", "type", "text", "chars", "truncated"}.
+    0 = the index (one line per entry), 1 = the list of types, 1 + type = that type's entries with "use when"
+    (type `code`: the code maps), 3 = the relations graph. Tier 2 is one document: use `show`."""
+    from kb_assets.projections.commands import ProjectionsMissing, tier_text
+
+    if isinstance(tier, bool) or tier not in (0, 1, 3):
+        raise ToolInputError(f"tier: {tier!r} — use 0 (the index), 1 [type] (per type) or 3 (relations); "
+                             "tier 2 is one document: use show (kb:<id>)")
+    if type_ is not None:
+        type_ = _text("type", type_, max_chars=60).strip()
+        if not type_.replace("_", "").replace("-", "").isalnum():
+            raise ToolInputError(f"type: {type_!r} is not a type name — tier 1 without a type lists them")
+        if tier != 1:
+            raise ToolInputError("type: only tier 1 takes a type")
+    cap = _bounded_int("max_chars", max_chars, 1000, TIER_HARD_MAX_CHARS) or TIER_MAX_CHARS
+    try:
+        text = tier_text(cfg, tier, type_ or None)
+    except ProjectionsMissing as exc:
+        raise ProjectionsNotFound(str(exc)) from None
+    out: dict[str, Any] = {"tier": tier, "type": type_ or None, "chars": len(text), "truncated": len(text) > cap}
+    if out["truncated"]:
+        cut = text.rfind("\n", 0, cap)
+        text = text[:cut + 1 if cut > 0 else cap]
+        out["truncated_note"] = (f"cut at {len(text)} of {out['chars']} characters (whole lines); pass a larger "
+                                 f"max_chars (≤ {TIER_HARD_MAX_CHARS}), or read tier 1 per type")
+    out["text"] = text
+    return out
+
+
+class ProjectionsNotFound(ToolInputError):
+    """No projection file yet, or no such type (str(): what to run or which types exist)."""
+
+
+def tags_json(cfg, *, conn=None) -> dict[str, Any]:
+    """The JSON of `kb tags --json`: tags in use with their by-tag files, vocabulary tags unused, tags outside."""
+    from kb_assets.projections.report import tags_report
+    from kb_assets.query.engine import _connection_for
+
+    return tags_report(conn if conn is not None else _connection_for(cfg), cfg)
+
+
+def related_json(cfg, doc_id: str, *, depth: int | None = None, conn=None) -> dict[str, Any]:
+    """The JSON of `kb related ID --json`: the document's edges (supersedes, amends, references, touches…)
+    up to `depth` hops (1-3, default 1), both directions."""
+    from kb_assets.query import QueryError, parse_id
+    from kb_assets.query.engine import _connection_for
+    from kb_assets.query.relations import related
+
+    doc_id = _text("id", doc_id, max_chars=2000).strip()
+    hops = _bounded_int("depth", depth, 1, MAX_RELATED_DEPTH) or 1
+    try:
+        src, path = parse_id(doc_id)
+    except QueryError as exc:
+        raise _query_error(exc) from None
+    out = related(conn if conn is not None else _connection_for(cfg), src, path, depth=hops)
+    if not out["found"]:
+        raise ProjectionsNotFound(f"no document {out['id']} in the index (ids as printed by recall / tier 0)")
+    return out
