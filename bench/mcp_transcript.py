@@ -46,7 +46,7 @@ def sample_config() -> Path:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                DAGSTER_HOME=tempfile.mkdtemp(prefix="kb-transcript-dagster-"))
     subprocess.run([str(KB), "index", "--config", str(config), "--quiet"], env=env, check=True)
-    (SAMPLE / "indexed").write_text("ok\n")
+    (SAMPLE / "indexed").write_text("ok\n")     # kb index also writes the projections (tier files)
     return config
 
 
@@ -55,6 +55,10 @@ def _show(payload, limit: int) -> str:
     if len(text) > limit:
         text = text[:limit] + f"\n… [cut for this page: {len(text) - limit} more characters]"
     return text
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"\n… [cut for this page: {len(text) - limit} more characters]"
 
 
 async def session(config: Path, queries: list[str], limit: int) -> list[str]:
@@ -89,9 +93,18 @@ async def session(config: Path, queries: list[str], limit: int) -> list[str]:
                       "json" if not res.is_error else "text")
                 return None if res.is_error else json.loads(text)
 
+            # the order the descriptions teach: T0, T1 for the type, recall, T2 (show) for 1-3 documents, T3
+            await call("tier", {"tier": 0}, cut=limit // 2)
+            await call("tier", {"tier": 1, "type": "adr"}, cut=limit // 2)
             rec = await call("recall", {"queries": queries, "limit": 3, "code_limit": 0})
             if rec and rec["documents"]:
                 await call("show", {"id": rec["documents"][0]["id"], "max_chars": 1500}, cut=limit)
+                await call("related", {"id": rec["documents"][0]["id"], "depth": 1}, cut=limit // 2)
+            await call("tags", {}, cut=limit // 3)
+            t = time.perf_counter()
+            res = await s.read_resource("kb://tier/0")
+            block(f"resources/read kb://tier/0 ({(time.perf_counter() - t) * 1000:.0f} ms, text/plain)",
+                  _cut(res.contents[0].text, limit // 3), "text")
             t = time.perf_counter()
             from urllib.parse import quote
 
@@ -103,6 +116,7 @@ async def session(config: Path, queries: list[str], limit: int) -> list[str]:
             await call("status", {}, cut=limit // 2)
             await call("recall", {"queries": "", "kind": "adr"})
             await call("recall", {"queries": "configuration", "kind": "decision"})
+            await call("tier", {"tier": 2})
     return out
 
 

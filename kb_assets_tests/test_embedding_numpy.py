@@ -94,7 +94,7 @@ def test_same_vectors_as_sentence_transformers(model_dir, runtime, onnx_cache):
 def test_onnx_graph_is_cached_by_model_digest(model_dir, onnx_cache, tmp_path):
     """Built once per model digest (no torch, nothing fetched), then reused; other weights, another file."""
     first = numpy_bert.cached_onnx_model(model_dir)
-    assert isinstance(first, Path) and first.parent == onnx_cache and first.stat().st_size > 50_000_000
+    assert isinstance(first, Path) and first.parent == onnx_cache and first.stat().st_size > 30_000_000
     mtime = first.stat().st_mtime_ns
     assert numpy_bert.cached_onnx_model(model_dir) == first and first.stat().st_mtime_ns == mtime
     other = tmp_path / "model"

@@ -316,4 +316,47 @@ def test_real_mcp_sdk_server_mounted_at_mcp_behind_bearer(served, tokens):
     with running_server(KbConfig(), served[3], ToyEmbedder()) as (srv, _):
         assert httpx.post(srv.url + "/mcp", json={}).status_code == 401
         names = asyncio.run(session_run(srv.url + "/mcp", tokens["good"]))
-    assert names == ["recall", "search", "show", "status"]
+    assert names == ["recall", "related", "search", "show", "status", "tags", "tier"]
+
+
+def test_projection_routes_answer_like_kb_tier_tags_related(served, tokens, tmp_path):
+    """/api/v1/tier/{0,1,3}, /tags and /related/{id}: the text `kb tier` prints, the JSON of `kb tags --json`
+    and `kb related --json`; no projection yet, an unknown type or document → 404 saying what to do."""
+    from kb_assets.pipeline.projections import build_projections
+    from kb_assets.projections.commands import tier_text
+    from kb_assets.projections.report import tags_report
+    from kb_assets.query.relations import related
+
+    _, _, conn, url = served
+    cfg = KbConfig(data_dir=str(tmp_path / "kb"))
+    with running_server(cfg, url, ToyEmbedder()) as (srv, _):
+        none = get(srv, "/api/v1/tier/0", tokens["good"])
+        assert none.status_code == 404 and "run `kb index`" in none.json()["error"]
+        build_projections(conn, cfg)
+        for path, args in (("/api/v1/tier/0", (0,)), ("/api/v1/tier/1", (1,)), ("/api/v1/tier/1?type=adr", (1, "adr")),
+                           ("/api/v1/tier/3", (3,))):
+            r = get(srv, path, tokens["good"])
+            assert r.status_code == 200, (path, r.text)
+            want = tier_text(cfg, *args)
+            assert r.json()["text"] == want and r.json()["truncated"] is False and r.json()["chars"] == len(want)
+        assert "kb:decisions/adr/0001-celery-restart.md" in get(srv, "/api/v1/tier/1?type=adr", tokens["good"]).text
+        cut = get(srv, "/api/v1/tier/0?max_chars=1000", tokens["good"]).json()
+        assert len(cut["text"]) <= 1000 and cut["truncated"] is (cut["chars"] > 1000)
+        assert get(srv, "/api/v1/tags", tokens["good"]).json() == json.loads(json.dumps(tags_report(conn, cfg)))
+        doc = "kb:decisions/adr/0001-celery-restart.md"
+        r = get(srv, f"/api/v1/related/{doc}?depth=2", tokens["good"])
+        assert r.status_code == 200 and r.json() == related(conn, "decisions", "adr/0001-celery-restart.md", depth=2)
+        for path, status, needle in (
+                ("/api/v1/tier/2", 400, "tier 2 is one document"),
+                ("/api/v1/tier/7", 400, "use 0 (the index)"),
+                ("/api/v1/tier/1?type=novel", 404, "no T1 file for type 'novel'"),
+                ("/api/v1/tier/1?type=../x", 400, "type:"),
+                ("/api/v1/tier/0?type=adr", 400, "only tier 1 takes a type"),
+                ("/api/v1/tier/0?typo=adr", 400, "typo: unknown parameter"),
+                ("/api/v1/related/kb:decisions/adr/nope.md", 404, "no document kb:decisions/adr/nope.md"),
+                ("/api/v1/related/nonsense", 404, "not a kb id"),
+                (f"/api/v1/related/{doc}?depth=9", 400, "depth")):
+            r = get(srv, path, tokens["good"])
+            assert r.status_code == status and needle in r.json()["error"], (path, r.status_code, r.text)
+        for path in ("/api/v1/tier/0", "/api/v1/tags", f"/api/v1/related/{doc}"):
+            assert get(srv, path).status_code == 401

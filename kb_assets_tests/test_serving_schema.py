@@ -63,7 +63,9 @@ def test_api_conforms_to_its_schema(api_schema, live, mode):
                                                                checks.positive_data_acceptance])
             assert response.status_code < 500
             if mode == GenerationMode.POSITIVE and response.status_code == 400:
-                assert response.json()["error"].startswith("filter[date_range]: "), response.text
+                # ... nor that only tier 1 takes a type
+                assert response.json()["error"].startswith(("filter[date_range]: ", "type: only tier 1")), \
+                    (op.label, case.path_parameters, case.query, response.text)
             calls.append((op.label, response.status_code))
         try:
             run()
@@ -79,6 +81,6 @@ def test_api_conforms_to_its_schema(api_schema, live, mode):
 def test_spec_lists_every_route(api_schema):
     paths = set(api_schema.raw_schema["paths"])
     assert {"/api/v1/knowledge/search", "/api/v1/recall", "/api/v1/documents/{doc_id}", "/api/v1/status",
-            "/healthz"} <= paths
+            "/api/v1/tier/{tier}", "/api/v1/tags", "/api/v1/related/{doc_id}", "/healthz"} <= paths
     params = {p["name"] for p in api_schema.raw_schema["paths"]["/api/v1/knowledge/search"]["get"]["parameters"]}
     assert {"q", "top_k", "filter[source]", "filter[kind]", "filter[tag]", "filter[date_range]"} <= params

@@ -36,7 +36,7 @@ _LOCK = threading.Lock()
 _CONTROLLER = None       # threadpoolctl.ThreadpoolController, made on the first encode
 _PREFERRED = {"runtime": "numpy", "threads": 1}
 RUNTIME_ENV = "KB_QUERY_RUNTIME"     # numpy | onnx: overrides the process's preference
-ONNX_GRAPH_VERSION = 1               # bump when the graph built below changes: a new cache file
+ONNX_GRAPH_VERSION = 2               # bump when the graph built below changes: a new cache file
 
 
 def _read(path: Path) -> dict | list:
@@ -158,6 +158,27 @@ class _BertShape:
         types = np.array([e.type_ids for e in encs], dtype=np.int64)
         return ids, mask, types
 
+    def _open_words(self, path: Path) -> dict[str, str]:
+        """The word-embedding table (30522 x 384, half the file) stays in the file: only the rows of the
+        tokens seen are read, once. Returns {short name: tensor name} of the file's tensors."""
+        from safetensors import safe_open
+
+        self._file = safe_open(str(path / "model.safetensors"), framework="np")
+        names = {(n[5:] if n.startswith("bert.") else n): n for n in self._file.keys()}
+        self._word_name = names["embeddings.word_embeddings.weight"]
+        self._word_rows: dict[int, np.ndarray] = {}
+        return names
+
+    def _words(self, ids: np.ndarray) -> np.ndarray:
+        rows = self._word_rows
+        missing = [int(i) for i in np.unique(ids) if int(i) not in rows]
+        if missing:
+            table = self._file.get_slice(self._word_name)
+            with _LOCK:
+                for i in missing:
+                    rows[i] = table[i:i + 1][0].astype(np.float32, copy=False)
+        return np.stack([rows[int(i)] for i in ids.ravel()]).reshape(*ids.shape, -1)
+
     def _pool(self, x: np.ndarray, mask: np.ndarray) -> np.ndarray:
         pooled = (x * mask[:, :, None]).sum(1) / np.clip(mask.sum(1, keepdims=True), 1e-9, None)
         if self.normalize:
@@ -169,28 +190,12 @@ class NumpyBertEncoder(_BertShape):
     runtime = "numpy"
 
     def __init__(self, path: Path):
-        from safetensors import safe_open
-
         self._setup(path)
-        # The word-embedding table (30522 x 384, half the file) stays in the file: only the rows of the
-        # tokens seen are read. The other tensors are read once; linear weights are used as stored
-        # (out, in), multiplied transposed (BLAS takes the transpose flag, no copy).
-        self._file = safe_open(str(path / "model.safetensors"), framework="np")
-        names = {(n[5:] if n.startswith("bert.") else n): n for n in self._file.keys()}
-        self._word_name = names["embeddings.word_embeddings.weight"]
-        self._word_rows: dict[int, np.ndarray] = {}
+        # The other tensors are read once; linear weights are used as stored (out, in), multiplied
+        # transposed (BLAS takes the transpose flag, no copy).
+        names = self._open_words(path)
         self.w = {k: self._file.get_tensor(n).astype(np.float32, copy=False) for k, n in names.items()
                   if not k.endswith("position_ids") and k != "embeddings.word_embeddings.weight"}
-
-    def _words(self, ids: np.ndarray) -> np.ndarray:
-        rows = self._word_rows
-        missing = [int(i) for i in np.unique(ids) if int(i) not in rows]
-        if missing:
-            table = self._file.get_slice(self._word_name)
-            with _LOCK:
-                for i in missing:
-                    rows[i] = table[i:i + 1][0].astype(np.float32, copy=False)
-        return np.stack([rows[int(i)] for i in ids.ravel()]).reshape(*ids.shape, -1)
 
     def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
         shape = x.shape
@@ -263,8 +268,10 @@ def onnx_cache_dir() -> Path:
 def build_onnx_graph(path: Path) -> bytes:
     """The model as an ONNX graph (opset 20: LayerNormalization, exact Gelu), weights from model.safetensors.
 
-    Inputs input_ids / position_ids / token_type_ids (int64, [batch, seq]) and attn_bias (float32, [batch, 1,
-    1, seq]: 0 for tokens, float32 min for padding); output the last hidden state [batch, seq, hidden].
+    Inputs word_embeds (float32, [batch, seq, hidden]: the word-embedding rows of the tokens, which stay in
+    model.safetensors — half the weights, read a row at a time as the numpy encoder does), position_ids /
+    token_type_ids (int64, [batch, seq]) and attn_bias (float32, [batch, 1, 1, seq]: 0 for tokens, float32 min
+    for padding); output the last hidden state [batch, seq, hidden].
     Q, K and V are one fused MatMul; ORT fuses the rest (bias + Gelu, Add + LayerNorm) when it loads it."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -275,7 +282,8 @@ def build_onnx_graph(path: Path) -> bytes:
     eps = float(cfg.get("layer_norm_eps", 1e-12))
     d = hidden // heads
     w = {(k[5:] if k.startswith("bert.") else k): v.astype(np.float32)
-         for k, v in load_file(str(path / "model.safetensors")).items() if not k.endswith("position_ids")}
+         for k, v in load_file(str(path / "model.safetensors")).items()
+         if not k.endswith(("position_ids", "word_embeddings.weight"))}
     inits, nodes = [], []
 
     def init(name: str, arr: np.ndarray) -> str:
@@ -293,8 +301,8 @@ def build_onnx_graph(path: Path) -> bytes:
     def linear(x: str, weight: np.ndarray, bias: np.ndarray, out: str) -> str:
         return op("Add", [op("MatMul", [x, init(out + ".w", weight.T)], out + ".mm"), init(out + ".bias", bias)], out)
 
-    e = op("Add", [op("Gather", [init("word", w["embeddings.word_embeddings.weight"]), "input_ids"], "e.word"),
-                   op("Gather", [init("pos", w["embeddings.position_embeddings.weight"]), "position_ids"], "e.pos")], "e.wp")
+    e = op("Add", ["word_embeds", op("Gather", [init("pos", w["embeddings.position_embeddings.weight"]), "position_ids"],
+                                     "e.pos")], "e.wp")
     e = op("Add", [e, op("Gather", [init("type", w["embeddings.token_type_embeddings.weight"]), "token_type_ids"],
                          "e.type")], "e.sum")
     x = layer_norm(e, "embeddings.LayerNorm", "x0")
@@ -321,7 +329,8 @@ def build_onnx_graph(path: Path) -> bytes:
     op("Identity", [x], "hidden")
     i64, f32 = TensorProto.INT64, TensorProto.FLOAT
     graph = helper.make_graph(nodes, "bert", [
-        helper.make_tensor_value_info(name, i64, ["batch", "seq"]) for name in ("input_ids", "position_ids", "token_type_ids")
+        helper.make_tensor_value_info("word_embeds", f32, ["batch", "seq", hidden])] + [
+        helper.make_tensor_value_info(name, i64, ["batch", "seq"]) for name in ("position_ids", "token_type_ids")
     ] + [helper.make_tensor_value_info("attn_bias", f32, ["batch", 1, 1, "seq"])],
         [helper.make_tensor_value_info("hidden", f32, ["batch", "seq", hidden])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], producer_name="kb_assets")
@@ -359,6 +368,7 @@ class OnnxBertEncoder(_BertShape):
         import onnxruntime as ort
 
         self._setup(path)
+        self._open_words(path)
         self.threads = threads
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
@@ -378,6 +388,7 @@ class OnnxBertEncoder(_BertShape):
         n, seq = ids.shape
         positions = np.broadcast_to(np.arange(seq, dtype=np.int64), (n, seq))
         bias = ((1.0 - mask) * np.finfo(np.float32).min)[:, None, None, :].astype(np.float32)
-        hidden = self.session.run(["hidden"], {"input_ids": ids, "position_ids": np.ascontiguousarray(positions),
+        hidden = self.session.run(["hidden"], {"word_embeds": self._words(ids),
+                                               "position_ids": np.ascontiguousarray(positions),
                                                "token_type_ids": types, "attn_bias": bias})[0]
         return self._pool(hidden, mask)

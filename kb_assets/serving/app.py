@@ -18,6 +18,7 @@ from datetime import date
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Security
+from fastapi import Path as FastApiPath
 from fastapi.security import HTTPBearer
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException  # the router's own 404 / 405 too, not only FastAPI's subclass
@@ -36,13 +37,21 @@ COOKIE_NAME = "kb_token"
 KNOWN_FILTERS = ("source", "kind", "tag", "path_prefix", "date_range")
 Kind = Literal[DOCUMENT_KINDS]  # type: ignore[valid-type]
 # The schema says what the handlers accept, so generated clients (and schemathesis) know it too.
-QUERY_PATTERN = r"^[^\x00]*\S[^\x00]*$"          # something besides spaces; no NUL (PostgreSQL refuses it)
+# something besides whitespace as str.strip() sees it (spelt out: a generator's \S may not count \x1c or \x85 as
+# space); no NUL (PostgreSQL refuses it)
+_SPACE = r"\s\x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+QUERY_PATTERN = rf"^[^\x00]*[^\x00{_SPACE}][^\x00]*$"
 _DAY = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
 DATE_RANGE_PATTERN = rf"^({_DAY})?:({_DAY})?$"
 NO_NUL_PATTERN = r"^[^\x00]*$"
+TIER_PATTERN = r"^[013]$"
+TIER_TYPE_PATTERN = r"^[A-Za-z0-9_-]{1,60}$"
 SafeText = Annotated[str, StringConstraints(max_length=MAX_QUERY_CHARS, pattern=NO_NUL_PATTERN)]
 _PATTERN_HINTS = {NO_NUL_PATTERN: "contains a NUL character", QUERY_PATTERN: "empty, blank, or contains a NUL character",
-                  DATE_RANGE_PATTERN: "is not FROM:TO (YYYY-MM-DD:YYYY-MM-DD; either side may be empty)"}
+                  DATE_RANGE_PATTERN: "is not FROM:TO (YYYY-MM-DD:YYYY-MM-DD; either side may be empty)",
+                  TIER_PATTERN: "use 0 (the index), 1 (per type) or 3 (relations); tier 2 is one document: "
+                                "GET /api/v1/documents/{kb id}",
+                  TIER_TYPE_PATTERN: "not a type name (adr, doc, ..., code): GET /api/v1/tier/1 lists them"}
 
 
 class ApiError(Exception):
@@ -370,6 +379,37 @@ class Health(BaseModel):
     status: str
 
 
+class TierResponse(_Open):
+    tier: int = Field(description="0 the index, 1 per type (no type: the list of types), 3 the relations graph")
+    type: str | None
+    chars: int = Field(description="length of the whole projection text")
+    truncated: bool
+    text: str = Field(description="the projection as `kb tier` prints it (cut at whole lines when truncated)")
+
+
+class TagsResponse(_Open):
+    governed: bool
+    vocabulary: list[Any]
+    tags: dict[str, Any]
+    unused: list[str]
+    outside: dict[str, int]
+
+
+class RelatedEdge(_Open):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    from_: str = Field(alias="from")
+    kind: str
+    to: str
+    resolved: bool
+    depth: int
+
+
+class RelatedResponse(_Open):
+    id: str
+    found: bool
+    edges: list[RelatedEdge]
+
+
 def _err(*codes: int) -> dict[int | str, dict[str, Any]]:
     desc = {400: "bad parameter (the message names it)", 401: "missing, unknown, revoked or expired token",
             404: "no such document", 429: "rate limit exceeded: see Retry-After", 500: "internal error"}
@@ -454,6 +494,62 @@ def status_route(request: Request):
     st: ServeState = request.app.state.kb
     with st.connection() as conn:
         return json_response(status_report(conn, [s.key for s in st.cfg.sources], config=st.cfg))
+
+
+
+
+def _tool_call(fn, *args, **kwargs):
+    """serving/tools.py answers (the MCP tools' own): a missing projection or document is 404, bad input 400."""
+    from kb_assets.serving import tools
+
+    try:
+        return fn(*args, **kwargs)
+    except tools.ProjectionsNotFound as exc:
+        raise ApiError(str(exc), 404) from None
+    except tools.ToolInputError as exc:
+        raise ApiError(str(exc)) from None
+
+
+@api.get("/tier/{tier}", response_model=TierResponse, responses=_err(400, 401, 404, 429),
+         summary="A projection tier (`kb tier`): read T0 first, T1 per type, T2 = /documents/{id}, T3 relations")
+def tier_route(request: Request, tier: str = FastApiPath(..., pattern=TIER_PATTERN,
+                                                        description="0, 1 or 3 (tier 2: /documents/{id})"),
+               type: str | None = Query(None, pattern=TIER_TYPE_PATTERN,
+                                        description="tier 1: a document type (adr, doc, ...) or code"),
+               max_chars: int | None = Query(None, ge=1000, le=1_000_000, description="cap on text (default 60000)")):
+    from kb_assets.serving import tools
+
+    check_filters(request, ("type", "max_chars"))
+    st: ServeState = request.app.state.kb
+    return json_response(_tool_call(tools.tier_json, st.cfg, int(tier), type, max_chars=max_chars))
+
+
+@api.get("/tags", response_model=TagsResponse, responses=_err(400, 401, 429),
+         summary="Tags in use, their by-tag files, and tags outside the vocabulary: `kb tags --json`")
+def tags_route(request: Request):
+    from kb_assets.serving import tools
+
+    check_filters(request, ())
+    st: ServeState = request.app.state.kb
+    with st.connection() as conn:
+        return json_response(_tool_call(tools.tags_json, st.cfg, conn=conn))
+
+
+@api.get("/related/{doc_id:path}", response_model=RelatedResponse, responses=_err(400, 401, 404, 429),
+         summary="Relations of one document (T3), both directions, up to depth hops: `kb related --json`")
+def related_route(request: Request, doc_id: str,
+                  depth: int = Query(1, ge=1, le=3, description="hops (1-3)")):
+    from kb_assets.serving import tools
+
+    check_filters(request, ("depth",))
+    if "\x00" in doc_id or len(doc_id) > 4096:
+        raise ApiError("doc_id: not a kb id", 404)
+    st: ServeState = request.app.state.kb
+    with st.connection() as conn:
+        try:
+            return json_response(tools.related_json(st.cfg, doc_id, depth=depth, conn=conn))
+        except tools.ToolInputError as exc:          # malformed or unknown id: names no document
+            raise ApiError(str(exc), 404) from None
 
 
 # ------------------------------------------------------------------------------------------ app
