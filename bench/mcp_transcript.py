@@ -99,7 +99,8 @@ async def session(config: Path, queries: list[str], limit: int) -> list[str]:
             rec = await call("recall", {"queries": queries, "limit": 3, "code_limit": 0})
             if rec and rec["documents"]:
                 await call("show", {"id": rec["documents"][0]["id"], "max_chars": 1500}, cut=limit)
-                await call("related", {"id": rec["documents"][0]["id"], "depth": 1}, cut=limit // 2)
+            # T3 for the decision most of the configuration ADRs build on (the sample's most referenced one)
+            await call("related", {"id": "kb:decisions/adr-002-configuration.md", "depth": 1}, cut=limit // 2)
             await call("tags", {}, cut=limit // 3)
             t = time.perf_counter()
             res = await s.read_resource("kb://tier/0")

@@ -102,9 +102,10 @@ class ServeSettings(_Strict):
     port: int = Field(8765, ge=1, le=65535)
     default_rate: str = "60/min"            # `kb token create` without --rate
     pool_size: int = Field(8, ge=2, le=64)  # database connections of the server
-    # threads of one query embedding (local model, onnxruntime). 1: on a busy machine a second thread costs
-    # more than it saves (docs/BENCHMARKS.md "kb serve"); requests, not threads, use the other cores.
-    embed_threads: int = Field(1, ge=1, le=64)
+    # intra-op threads of one query embedding (local model, onnxruntime; capped at the cores). 2: with
+    # onnxruntime's spinning off, a second thread costs ~5% more CPU and cuts a paragraph's wall time by
+    # ~1/3 even on a busy machine (docs/BENCHMARKS.md "kb serve", bench/serve_embed_threads.py)
+    embed_threads: int = Field(2, ge=1, le=64)
     query_cache: int = Field(2048, ge=0, le=1_000_000)  # recent query vectors kept by kb serve (0: none)
 
 

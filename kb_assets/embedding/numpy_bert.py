@@ -70,7 +70,11 @@ def supports(path: Path) -> bool:
 def prefer_onnxruntime(threads: int = 1) -> None:
     """A long-lived process (kb serve, kb mcp) answers queries with onnxruntime when it is installed: the
     session costs ~0.3 s once and every query ~half the CPU of numpy. One-shot processes stay on numpy."""
-    _PREFERRED.update(runtime="onnx", threads=max(1, int(threads)))
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    _PREFERRED.update(runtime="onnx", threads=max(1, min(int(threads), cores)))
 
 
 def runtime() -> str:
