@@ -232,11 +232,16 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--load-seconds", type=float, default=60.0)
     ap.add_argument("--cold-runs", type=int, default=4)
-    ap.add_argument("--compare", default="numpy",
-                    help="a second server with KB_QUERY_RUNTIME=<this> (the numpy encoder: before) asked in "
-                         "turn with the first in the latency phase; '' for none")
+    ap.add_argument("--compare", action="append",
+                    help="another server with these environment settings (space-separated KEY=VALUE), asked in "
+                         "turn with the default one in the latency phase; repeatable. Default: the previous "
+                         "state (numpy encoder, embed then search) and the onnxruntime encoder without the "
+                         "overlap of embedding and keyword search")
     ap.add_argument("--write-doc", action="store_true")
     args = ap.parse_args()
+    if args.compare is None:
+        args.compare = ["KB_QUERY_RUNTIME=numpy KB_RECALL_OVERLAP=0", "KB_RECALL_OVERLAP=0"]
+    args.compare = [c for c in args.compare if c.strip()]
 
     from kb_assets.serving.tokens import create_token
     from kb_assets_tests.serve_support import free_port
@@ -255,17 +260,18 @@ def main() -> None:
         servers = {"default": (base, proc.pid)}
         print(f"kb serve up in {start_s:.1f} s (model loaded, pool open); RSS {rss_mb(proc.pid):.0f} MB", flush=True)
         rss_start = rss_mb(proc.pid)
-        if args.compare:
+        for n, spec in enumerate(args.compare):
             cport = free_port()
-            cproc, _ = start_server(work, cport, {"KB_QUERY_RUNTIME": args.compare}, "serve-compare.log")
-            procs[args.compare] = (f"http://127.0.0.1:{cport}", cproc)
-            servers[args.compare] = (f"http://127.0.0.1:{cport}", cproc.pid)
+            extra = dict(kv.split("=", 1) for kv in spec.split())
+            cproc, _ = start_server(work, cport, extra, f"serve-compare-{n}.log")
+            procs[spec] = (f"http://127.0.0.1:{cport}", cproc)
+            servers[spec] = (f"http://127.0.0.1:{cport}", cproc.pid)
         load0 = os.getloadavg()
         lat = latency(servers, token, queries)
         load1 = os.getloadavg()
         print("latency", json.dumps(lat), f"load {load0[0]:.1f} -> {load1[0]:.1f}", flush=True)
-        if args.compare:
-            cproc = procs.pop(args.compare)[1]
+        for spec in args.compare:
+            cproc = procs.pop(spec)[1]
             os.killpg(cproc.pid, signal.SIGTERM)
             cproc.wait(30)
         rss_before = rss_mb(proc.pid)
@@ -295,18 +301,19 @@ def main() -> None:
         d = lat["default"]
         table = ["| server | all p50 | all p95 | short p50 | short p95 | paragraph p50 | paragraph p95 |",
                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-                 _row("**default** (onnxruntime encoder): wall at the client", d),
-                 _row("… of which the query embedding (server)", d, "embed"),
-                 _row("… search (server)", d, "search"),
+                 _row("**default** (onnxruntime encoder, keyword search while embedding): wall at the client", d),
+                 _row("… query embedding (server; runs beside the keyword search)", d, "embed"),
+                 _row("… candidates: search + fusion (server; includes any wait for the embedding)", d, "search"),
                  _row("… records (server)", d, "fetch")]
-        if args.compare:
-            c = lat[args.compare]
-            table += [_row(f"before: `KB_QUERY_RUNTIME={args.compare}`: wall at the client", c),
-                      _row("… of which the query embedding (server)", c, "embed")]
+        for spec in args.compare:
+            c = lat[spec]
+            table += [_row(f"`{spec}`: wall at the client", c),
+                      _row("… query embedding (server)", c, "embed"),
+                      _row("… candidates: search + fusion (server)", c, "search")]
         table.append(_row("default, the same queries again (query-vector cache hits)", lat["repeat"]))
         cpu_line = f"**{d['server_cpu_ms_per_request']:.1f} ms of server CPU per request** (default)"
-        if args.compare:
-            cpu_line += f" against {lat[args.compare]['server_cpu_ms_per_request']:.1f} ms ({args.compare})"
+        for spec in args.compare:
+            cpu_line += f"; {lat[spec]['server_cpu_ms_per_request']:.1f} ms with `{spec}`"
         section = "\n".join([
             "## kb serve",
             "",
@@ -324,8 +331,9 @@ def main() -> None:
             "",
             f"**Latency**, one client, {d['n']} requests per server (150 short 3-8-word queries, 50 paragraph-long "
             "60-100-word ones; GET /api/v1/recall, wall time at the client: query embedding + search + records + "
-            "JSON + HTTP)" + (f", asked in turn of the default server and of one with the previous numpy encoder "
-                              f"(`KB_QUERY_RUNTIME={args.compare}`)" if args.compare else "")
+            "JSON + HTTP)" + (", asked in turn of the default server and of servers with other settings on the "
+                              "same index (`KB_QUERY_RUNTIME=numpy`: the previous numpy encoder; "
+                              "`KB_RECALL_OVERLAP=0`: embed first, then search, as before)" if args.compare else "")
             + f"; load average {load0[0]:.1f} → {load1[0]:.1f}. Milliseconds:",
             "",
             *table,

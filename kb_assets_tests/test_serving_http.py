@@ -360,3 +360,32 @@ def test_projection_routes_answer_like_kb_tier_tags_related(served, tokens, tmp_
             assert r.status_code == status and needle in r.json()["error"], (path, r.status_code, r.text)
         for path in ("/api/v1/tier/0", "/api/v1/tags", f"/api/v1/related/{doc}"):
             assert get(srv, path).status_code == 401
+
+
+def test_query_vector_cache_is_bounded_and_gives_the_same_numbers():
+    """kb serve's LRU of query vectors: a repeated query costs no forward pass and returns exactly the
+    vector the encoder gave; the oldest entries go first once the bound is reached."""
+    from kb_assets.serving.app import QueryEmbedder
+
+    class Counting:
+        model, dimension = "toy", 3
+
+        def __init__(self):
+            self.calls = []
+
+        def embed_query(self, text):
+            self.calls.append(text)
+            return [0.1 * len(text), 1 / 3, -2.5] if text != "f32" else [0.5, 0.25, -1.0]
+
+    inner = Counting()
+    emb = QueryEmbedder(inner, cache_size=2)
+    first = emb.embed_query("alpha")
+    assert emb.embed_query("alpha") == first == inner.embed_query("alpha") and inner.calls == ["alpha", "alpha"]
+    assert emb.embed_query("f32") == [0.5, 0.25, -1.0] and emb.embed_query("f32") == [0.5, 0.25, -1.0]
+    emb.embed_query("gamma")                        # evicts "alpha", the least recently used
+    emb.embed_query("alpha")
+    assert inner.calls == ["alpha", "alpha", "f32", "gamma", "alpha"] and (emb.hits, emb.misses) == (2, 4)
+    off = QueryEmbedder(Counting(), cache_size=0)
+    off.embed_query("x")
+    off.embed_query("x")
+    assert off._inner.calls == ["x", "x"]

@@ -204,9 +204,25 @@ def test_stdio_kb_mcp_answers_like_in_process_recall(sample):
         async with stdio_client(params) as (read, write):
             async with ClientSession(read, write) as session:
                 with anyio.fail_after(300):
-                    return await _exercise(session, cfg)
+                    seen = await _exercise(session, cfg)
+                    _assert_no_torch_in_kb_mcp()
+                    return seen
 
     anyio.run(main)
+
+
+def _assert_no_torch_in_kb_mcp() -> None:
+    """The `kb mcp` child, after answering every tool: no torch library mapped (the query encoder is
+    onnxruntime's; importing torch maps libtorch*.so)."""
+    import psutil
+
+    kids = [p for p in psutil.Process().children(recursive=True)
+            if "kb_assets.cli" in p.cmdline() and "mcp" in p.cmdline()]
+    assert kids, "the kb mcp child process was not found"
+    for proc in kids:
+        libs = {m.path for m in proc.memory_maps()}
+        assert not [lib for lib in libs if "libtorch" in lib or "/torch/" in lib], proc.cmdline()
+        assert any("onnxruntime" in lib for lib in libs), "the query encoder should run on onnxruntime"
 
 
 def test_kb_mcp_with_a_bad_config_is_one_line_and_exit_2(tmp_path):

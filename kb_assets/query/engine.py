@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import threading
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any, Sequence
@@ -215,6 +217,10 @@ class RecallResult:
 
 
 # --------------------------------------------------------------------------------------------------------
+# Query embeddings run here while the keyword channel's SQL runs on the caller's connection (recall()).
+_EMBED_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kb-query-embed")
+OVERLAP_ENV = "KB_RECALL_OVERLAP"     # "0": embed first, then search (measurements: bench/serve_latency.py)
+
 # Connections and embedders are cached per process: an agent's Python session pays the model load and the
 # database start once.
 _cache_lock = threading.Lock()
@@ -770,22 +776,36 @@ def recall(queries: str | Sequence[str], *, config=None, limit: int | None = Non
                                "for better keyword search")
 
     # ---- embed every query (outside any transaction: the embedder may be a network call)
-    embed_s = 0.0
-    items: list[tuple[str, str | None]] = []
-    for qtext in qs:
-        qlit = None
-        if "vector" in channels:
-            t0 = time.perf_counter()
-            qvec = embedder.embed_query(qtext)
-            embed_s += time.perf_counter() - t0
-            if len(qvec) != int(space[1]):
-                raise QueryError(f"the embedder returned {len(qvec)} numbers, the index holds {space[1]}-d vectors")
-            qlit = "[" + ",".join(repr(float(x)) for x in qvec) + "]"
-        items.append((qtext, qlit))
+    def embed_all() -> tuple[list[tuple[str, str | None]], float]:
+        spent, out = 0.0, []
+        for qtext in qs:
+            qlit = None
+            if "vector" in channels:
+                t0 = time.perf_counter()
+                qvec = embedder.embed_query(qtext)
+                spent += time.perf_counter() - t0
+                if len(qvec) != int(space[1]):
+                    raise QueryError(f"the embedder returned {len(qvec)} numbers, the index holds {space[1]}-d vectors")
+                qlit = "[" + ",".join(repr(float(x)) for x in qvec) + "]"
+            out.append((qtext, qlit))
+        return out, spent
 
-    # ---- candidates (one round trip for all queries and channels), collapse, fusion
+    # ---- candidates, collapse, fusion. The keyword channel needs no vector: in hybrid mode it runs on this
+    # connection while another thread embeds the queries (the encoder and the database each take a core).
     t0 = time.perf_counter()
-    found = searcher.search(items, channels)
+    if "keyword" in channels and "vector" in channels and os.environ.get(OVERLAP_ENV) != "0":
+        pending = _EMBED_POOL.submit(embed_all)
+        try:
+            keyword_found = searcher.search([(q, None) for q in qs], ["keyword"])
+        finally:
+            items, embed_s = pending.result()
+        found = searcher.search(items, [c for c in channels if c != "keyword"])
+        for rows, kw in zip(found, keyword_found):
+            rows.update(kw)
+    else:
+        items, embed_s = embed_all()
+        t0 = time.perf_counter()
+        found = searcher.search(items, channels)
     per_query: list[list[_DocHit]] = []
     hits_by_query: list[dict[int, _DocHit]] = []
     for rows_by_channel in found:

@@ -74,7 +74,7 @@ class QueryEmbedder:
         self._inner, self._lock = inner, threading.Lock()
         self.model, self.dimension = inner.model, inner.dimension
         self.cache_size = cache_size
-        self._cache: OrderedDict[str, list[float]] = OrderedDict()
+        self._cache: OrderedDict[str, Any] = OrderedDict()     # text -> float32 vector
         self._cache_lock = threading.Lock()
         self.hits = self.misses = 0
 
@@ -91,19 +91,27 @@ class QueryEmbedder:
         return numpy_bert.runtime()
 
     def embed_query(self, text: str) -> list[float]:
+        import numpy as np
+
         if self.cache_size:
             with self._cache_lock:
-                vec = self._cache.get(text)
-                if vec is not None:
+                kept = self._cache.get(text)
+                if kept is not None:
                     self._cache.move_to_end(text)
                     self.hits += 1
-                    return vec
+                    return kept.tolist()
         with self._lock:
             vec = list(self._inner.embed_query(text))
         if self.cache_size:
+            # kept as an array (.tolist() gives back the same numbers): float32 when that is exact (the local
+            # encoders' own precision, ~1.6 KB a vector), else float64; a list of Python floats takes ~12 KB
+            exact = np.asarray(vec, dtype=np.float64)
+            kept = exact.astype(np.float32)
+            if not np.array_equal(kept, exact):
+                kept = exact
             with self._cache_lock:
                 self.misses += 1
-                self._cache[text] = vec
+                self._cache[text] = kept
                 while len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
         return vec
