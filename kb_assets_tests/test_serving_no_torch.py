@@ -1,7 +1,7 @@
 """`kb serve` and its MCP endpoint never import torch: the query encoder is the torch-free one (onnxruntime,
 numpy as the fallback) with the vectors sentence-transformers gives (test_embedding_numpy.py). Checked in a
 fresh process's sys.modules after real requests: HTTP recall, and the official MCP SDK's client calling
-recall and tier over streamable HTTP at /mcp."""
+recall over streamable HTTP at /mcp (through the server's own query encoder and its cache)."""
 from __future__ import annotations
 
 import json
@@ -52,6 +52,7 @@ def test_kb_serve_and_mcp_answer_without_importing_torch(pg_server_url, tmp_path
             srv.stop()
             heavy = sorted(m for m in {HEAVY!r} if m in sys.modules)
             print(json.dumps({{"heavy": heavy, "runtime": state.embedder.runtime,
+                              "cache": [state.embedder.hits, state.embedder.misses],
                               "http_documents": [d["id"] for d in r.json()["documents"]],
                               "mcp_documents": [d["id"] for d in answer["documents"]]}}))
         """)
@@ -66,6 +67,8 @@ def test_kb_serve_and_mcp_answer_without_importing_torch(pg_server_url, tmp_path
         report = json.loads(out.stdout.strip().splitlines()[-1])
         assert report["heavy"] == [], report
         assert report["runtime"] == "onnx"
+        # /mcp embeds with the server's own encoder: the query /api/v1 asked first is a cache hit there
+        assert report["cache"] == [1, 2], report
         assert set(report["http_documents"][:2]) == {"kb:decisions/adr/0001-celery-restart.md",
                                                      "kb:notes/notes/celery-runbook.md"}, report
         assert "kb:decisions/adr/0001-celery-restart.md" in report["mcp_documents"]

@@ -661,10 +661,13 @@ def mount_mcp(app: FastAPI) -> bool:
     if hasattr(mcp_mod, "build_mcp_asgi"):
         asgi = mcp_mod.build_mcp_asgi(st.cfg)
     elif hasattr(mcp_mod, "build_mcp_server"):
-        try:
-            server = mcp_mod.build_mcp_server(st.cfg)
-        except TypeError:
-            server = mcp_mod.build_mcp_server()
+        for args, kwargs in (((st.cfg,), {"embedder": st.embedder}),   # /api/v1's encoder and its cache
+                             ((st.cfg,), {}), ((), {})):
+            try:
+                server = mcp_mod.build_mcp_server(*args, **kwargs)
+                break
+            except TypeError:
+                continue
         asgi = server.streamable_http_app()            # creates the session manager: call it first
         manager = getattr(server, "session_manager", None)
         if manager is not None:

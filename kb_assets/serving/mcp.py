@@ -127,11 +127,13 @@ def _tool_error(exc: Exception):
                      "see the kb server's log; the server keeps serving")
 
 
-def build_mcp_server(config=None, *, name: str = SERVER_NAME, **server_kwargs):
+def build_mcp_server(config=None, *, name: str = SERVER_NAME, embedder=None, **server_kwargs):
     """The kb MCP server (`mcp.server.mcpserver.MCPServer`) over the config's index.
 
     `config`: a KbConfig, a kb.yaml path, or None (the usual lookup: $KB_CONFIG, ./kb.yaml, this git
     repository). Loaded once here, so a configuration mistake fails at start-up, not on the first call.
+    `embedder`: the query encoder for recall (kb serve passes its own, shared with /api/v1: one pass at a
+    time and its query-vector cache); default the config's, made on the first call.
     The database and the query encoder start on the first call (then stay: one per process)."""
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ResourceError
@@ -166,8 +168,8 @@ def build_mcp_server(config=None, *, name: str = SERVER_NAME, **server_kwargs):
         until: Annotated[str | None, Field(description="documents dated on or before YYYY-MM-DD")] = None,
         passage: Annotated[bool, Field(description="add each record's best matching passage")] = False,
     ) -> str:
-        return guarded(tools.recall_json, queries, limit=limit, code_limit=code_limit, source=source, kind=kind,
-                       tag=tag, since=since, until=until, passage=passage)
+        return guarded(tools.recall_json, queries, embedder=embedder, limit=limit, code_limit=code_limit,
+                       source=source, kind=kind, tag=tag, since=since, until=until, passage=passage)
 
     @server.tool(name="show", title="Open one document", description=SHOW_DESCRIPTION, annotations=read_only,
                  structured_output=False)
@@ -246,7 +248,7 @@ def build_mcp_server(config=None, *, name: str = SERVER_NAME, **server_kwargs):
                      security=ResourceSecurity(exempt_params={"query"}))
     def recall_resource(query: str) -> str:
         try:
-            return _dumps(tools.recall_json(cfg, query))
+            return _dumps(tools.recall_json(cfg, query, embedder=embedder))
         except Exception as exc:
             raise ResourceError(str(_tool_error(exc))) from None
 

@@ -95,8 +95,9 @@ def _query_error(exc: Exception) -> ToolInputError:
 def recall_json(cfg, queries: str | Sequence[str], *, limit: int | None = None, code_limit: int | None = None,
                 source: str | Sequence[str] | None = None, kind: str | Sequence[str] | None = None,
                 tag: str | Sequence[str] | None = None, since: str | None = None, until: str | None = None,
-                path_prefix: str | None = None, passage: bool = False) -> dict[str, Any]:
-    """The JSON of `kb recall --json` (one query, or the union of several)."""
+                path_prefix: str | None = None, passage: bool = False, embedder=None) -> dict[str, Any]:
+    """The JSON of `kb recall --json` (one query, or the union of several). `embedder`: the query encoder to
+    use (kb serve passes its own: one pass at a time, the query-vector cache); default the config's."""
     from kb_assets.query import QueryError, recall
 
     qs = _queries(queries)
@@ -107,7 +108,7 @@ def recall_json(cfg, queries: str | Sequence[str], *, limit: int | None = None, 
                   path_prefix=_text("path_prefix", path_prefix, max_chars=500) if path_prefix else None,
                   include_passage=bool(passage))
     try:
-        result = recall(qs if len(qs) > 1 else qs[0], config=cfg, **kwargs)
+        result = recall(qs if len(qs) > 1 else qs[0], config=cfg, embedder=embedder, **kwargs)
     except QueryError as exc:
         raise _query_error(exc) from None
     return result.to_dict()
