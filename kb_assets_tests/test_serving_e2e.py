@@ -100,6 +100,31 @@ def test_client_mode_mistakes_are_one_line_exit_2(server):
     assert p.returncode == 2 and "KB_SERVER" in p.stderr and "cannot reach" in p.stderr
 
 
+def test_no_auth_on_loopback_says_so_at_start_and_serves_without_a_token(server, tmp_path):
+    port = free_port()
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "kb_assets.cli", "serve", "--no-auth", "--port", str(port)],
+                                env=server["env"], stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 180
+        while True:
+            try:
+                if httpx.get(base + "/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.time() < deadline, log.read_text()
+            time.sleep(0.3)
+        assert "WITHOUT AUTHENTICATION (--no-auth, loopback only)" in log.read_text()
+        r = httpx.get(base + "/api/v1/recall", params={"q": "restart celery workers"}, timeout=60)
+        assert r.status_code == 200 and r.json()["documents"]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
 def test_sigterm_stops_gracefully_and_the_log_holds_no_secrets(server):
     r = httpx.get(server["base"] + "/api/v1/knowledge/search", params={"q": "restart the celery workers nightly zqxsecret"},
                   headers={"Authorization": f"Bearer {server['token']}"})
