@@ -222,10 +222,14 @@ def kb_signposts(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Materi
 def kb_projections(context: dg.AssetExecutionContext, kb: KbResource) -> dg.MaterializeResult:
     from kb_assets.pipeline.projections import build_projections
 
-    with kb.connect() as conn:
+    def stage(conn):
         stats = build_projections(conn, kb.config)
         record_run(conn, context.partition_key, "projections", {"projections": {
             k: v for k, v in stats.as_metadata().items() if k not in ("written", "removed")}})
+        return stats
+
+    # every source's projections at once: no source lock; re-run on a fresh connection like the other stages
+    stats = kb.run_stage(None, stage, lock=False)
     rel = stats.relations
     context.log.info(f"projections: {len(stats.written)} written, {stats.unchanged} unchanged, "
                      f"{len(stats.removed)} removed in {stats.directory}")
