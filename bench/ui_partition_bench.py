@@ -570,8 +570,10 @@ def _doc_text(cmd, when, up_before, up_after, first, loaded_s, ready_s, rows, ta
         f"- *run worker start* {med['worker_start_s']} s — RUN_STARTING → RUN_START: a fresh Python process "
         "(multiprocessing spawn from the code server) importing dagster, its storage (SQLAlchemy, alembic) and "
         "kb_assets, and loading the definitions.",
-        f"- *steps* {med['steps_wall_s']} s — RUN_START → RUN_SUCCESS, the {last.get('steps')} steps one after the "
-        f"other in the run worker; {med['step_s_sum']} s summed STEP_START → STEP_SUCCESS, which includes Dagster "
+        f"- *steps* {med['steps_wall_s']} s — RUN_START → RUN_SUCCESS, the {last.get('steps')} steps "
+        + ("each in a process of its own (two at a time at most), which imports dagster and kb_assets again"
+           if args.executor == "multiprocess" else "one after the other in the run worker")
+        + f"; {med['step_s_sum']} s summed STEP_START → STEP_SUCCESS, which includes Dagster "
         "writing each step's events (a new storage connection per event: dagster-postgres and sqlite both use "
         "NullPool; sqlite also commits with an fsync each time).",
         f"- Step times of the last run (s): {steps or 'n/a'}."))
