@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-STAGES = ["kb_documents", "kb_chunks", "kb_embeddings", "kb_search_index", "kb_signposts"]
+STAGES = ["kb_documents", "kb_chunks", "kb_embeddings", "kb_search_index", "kb_signposts", "kb_projections"]
 PY = sys.executable
 
 
@@ -243,12 +243,19 @@ def snapshot(url: str) -> dict:
     return snap
 
 
+def projection_files(data_dir: Path) -> dict[str, str]:
+    """The projection files under data_dir/machine (relative path → text), and any file left beside them."""
+    root = data_dir / "machine"
+    return {p.relative_to(root).as_posix(): p.read_text(errors="replace")
+            for p in sorted(root.rglob("*")) if p.is_file()} if root.is_dir() else {}
+
+
 def compare(clean: dict, got: dict) -> list[str]:
     """What differs between a clean index and the end state after a fault ([]: equal)."""
     import numpy as np
 
     diffs = []
-    for key in ("documents", "chunks", "space", "lexemes", "query_totals", "signposts"):
+    for key in ("documents", "chunks", "space", "lexemes", "query_totals", "signposts", "projections"):
         if clean.get(key) != got.get(key):
             a, b = clean.get(key), got.get(key)
             n = (len(set(map(str, a)) ^ set(map(str, b))) if isinstance(a, (list, dict)) and isinstance(b, (list, dict))
@@ -337,6 +344,8 @@ class Harness:
         self.durations = stage_durations(trace)
         self.clean_texts = texts_embedded(calls)
         self.clean = self._snapshot_embedded(d / ".kb")
+        self.clean_projections = projection_files(d / ".kb")
+        self.clean["projections"] = self.clean_projections
         self.clean_summary = {"documents": len(self.clean["documents"]), "chunks": len(self.clean["chunks"]),
                               "vectors": len(self.clean["vectors"]), "doc_vectors": len(self.clean["doc_vectors"]),
                               "lexemes": len(self.clean["lexemes"]), "texts_embedded": self.clean_texts,
@@ -357,8 +366,10 @@ class Harness:
         if url is None:
             trial.server_left = embedded_server_processes(d / ".kb")
             got = self._snapshot_embedded(d / ".kb")
+            got["projections"] = projection_files(d / ".kb")
         else:
             got = snapshot(url)
+            got["projections"] = projection_files(d / ".kb")
         trial.diffs += compare(self.clean, got)
         return trial
 
@@ -475,6 +486,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--work", default=None)
     ap.add_argument("--json", help="write the trials here")
+    ap.add_argument("--only", default="",
+                    help="a short run: comma-separated trials among kill9, kill9:<stage>, sigterm, concurrent, "
+                         "restart, down (kill9: --kills-per-stage in embeddings; restart: --restarts trials)")
+    ap.add_argument("--restarts", type=int, default=1, help="database-restarted trials")
     args = ap.parse_args(argv)
     work = Path(args.work or tempfile.mkdtemp(prefix="kbfaults-", dir="/tmp"))
     h = Harness(work, n_docs=args.docs, cost=args.cost, batch_rows=args.batch_rows, seed=args.seed)
@@ -490,16 +505,30 @@ def main(argv: list[str] | None = None) -> int:
               f"redone={t.redone_texts} texts ({t.redone_batches} batches) left={t.server_left} "
               f"{'; '.join(t.diffs)}{t.notes}", flush=True)
 
-    for stage in STAGES:
-        for _ in range(args.kills_per_stage):
-            run(h.kill9(stage))
-    for _ in range(args.sigterms):
-        run(h.sigterm("kb_embeddings"))
-    run(h.sigterm("kb_documents"))
-    run(h._fault_at("SIGINT", "kb_chunks", signal.SIGINT))
-    run(h.concurrent())
-    run(h.database_restart(3))
-    run(h.database_restart(15))
+    only = {x.strip() for x in args.only.split(",") if x.strip()}
+    if not only:
+        for stage in STAGES:
+            for _ in range(args.kills_per_stage):
+                run(h.kill9(stage))
+        for _ in range(args.sigterms):
+            run(h.sigterm("kb_embeddings"))
+        run(h.sigterm("kb_documents"))
+        run(h._fault_at("SIGINT", "kb_chunks", signal.SIGINT))
+        run(h.concurrent())
+    else:
+        for _ in range(args.kills_per_stage if "kill9" in only else 0):
+            run(h.kill9("kb_embeddings"))
+        for stage in STAGES:      # e.g. kill9:kb_projections
+            for _ in range(args.kills_per_stage if f"kill9:{stage}" in only else 0):
+                run(h.kill9(stage))
+        for _ in range(args.sigterms if "sigterm" in only else 0):
+            run(h.sigterm("kb_embeddings"))
+        if "concurrent" in only:
+            run(h.concurrent())
+    for _ in range(args.restarts if not only or "restart" in only else 0):
+        run(h.database_restart(3))
+    if not only or "down" in only:
+        run(h.database_restart(15))
     report = {"clean": clean, "trials": [dict(asdict(t), ok=t.ok) for t in trials],
               "passed": sum(t.ok for t in trials), "total": len(trials),
               "seconds": round(time.perf_counter() - started, 1), "load_average": os.getloadavg(),

@@ -1,6 +1,6 @@
 """An unchanged partition materialized from the Dagster UI (issue target: <= 5 s, 0 embedding and 0 LLM calls).
 
-    .venv/bin/python bench/ui_partition_bench.py [--runs 3] [--what-if] [--write-doc] \\
+    .venv/bin/python bench/ui_partition_bench.py [--runs 3] [--storage sqlite|postgres] [--write-doc] \\
         [--corpus /work/shared/corpora/adr-nats-io+nats-architecture-and-design-*.tar.gz] [--work DIR] [--keep]
 
 1. Extracts the NATS ADRs into a fresh work folder, writes a kb.yaml over them (one source `nats`, kind adr, the
@@ -18,9 +18,11 @@
    `reused`, and where the time went (from the run's event log: queue, run worker start, steps, step workers).
 4. Prints a table with `uptime`'s load average before and after; --write-doc puts it in docs/BENCHMARKS.md
    under "## unchanged partition materialized from the UI (NATS ADRs)" (replacing that section).
---what-if then launches --runs more runs with run config `execution: {config: {in_process: {}}}` (not what the
-button sends: the steps in the run worker instead of a process per step), and --runs more after restarting the
-daemon with `dequeue_interval_seconds: 1`, to show what each costs. --dequeue-interval N sets that from the start.
+--storage postgres runs Dagster's instance as the deployment does (docker/dagster.yaml: dagster-postgres run,
+event and schedule storage) against a PostgreSQL of its own (pgserver, database `dagster`); the default, sqlite,
+is the repo's dagster.yaml (a developer's `dg dev`). --executor multiprocess sets KB_DAGSTER_EXECUTOR for every
+process (a process per step, Dagster's default: the "before" of issue 11). --dequeue-interval N overrides
+`run_queue: dequeue_interval_seconds` (the repo's files: 1).
 
 Bounded: every wait has a timeout (--deadline for the whole UI part); every process group is killed and the
 work folder removed at the end (unless --work or --keep).
@@ -48,7 +50,6 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SECTION = "## unchanged partition materialized from the UI (NATS ADRs)"
 JOB, PARTITION, LOCATION, REPOSITORY = "kb_index", "nats", "kb_assets", "__repository__"
-IN_PROCESS = "execution:\n  config:\n    in_process: {}\n"   # the default executor's other choice
 
 LOCATION_Q = """{ workspaceOrError { __typename ... on Workspace { locationEntries { name loadStatus
   locationOrLoadError { __typename ... on PythonError { message } } } } } }"""
@@ -168,9 +169,31 @@ def _set_dequeue_interval(dagster_yaml: Path, seconds: int) -> None:
     import yaml
 
     conf = yaml.safe_load(dagster_yaml.read_text()) or {}
-    conf["run_coordinator"] = {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator",
-                               "config": {"dequeue_interval_seconds": seconds}}
+    conf.setdefault("run_queue", {})["dequeue_interval_seconds"] = seconds
     dagster_yaml.write_text(yaml.safe_dump(conf, sort_keys=False))
+
+
+def _start_dagster_pg(pgdata: Path) -> str:
+    """A PostgreSQL for Dagster's storage (as compose's `dagster` database): its psycopg2 URL."""
+    code = ("import sys, psycopg, pgserver; s = pgserver.get_server(sys.argv[1], cleanup_mode=None); u = s.get_uri()\n"
+            "with psycopg.connect(u, autocommit=True) as c:\n"
+            "    if not c.execute(\"SELECT 1 FROM pg_database WHERE datname = 'dagster'\").fetchone():\n"
+            "        c.execute('CREATE DATABASE dagster')\n"
+            "print(u)")
+    pgdata.mkdir(parents=True, exist_ok=True)
+    out = subprocess.run([sys.executable, "-c", code, str(pgdata)], capture_output=True, text=True, check=True)
+    import psycopg.conninfo as ci
+
+    p = ci.conninfo_to_dict(out.stdout.strip().splitlines()[-1])
+    # postgresql+psycopg2: with SQLAlchemy 2.1 a plain postgresql:// picks psycopg 3 (FACTS.md)
+    return f"postgresql+psycopg2://{p.get('user', 'postgres')}:@/dagster?host={p['host']}"
+
+
+def _stop_dagster_pg(pgdata: Path) -> None:
+    code = ("import os, sys; from pgserver._commands import pg_ctl;"
+            " pg_ctl(['-w', '-m', 'fast', 'stop'], pgdata=sys.argv[1], user='pgserver' if os.geteuid() == 0 else None)")
+    if (pgdata / "postmaster.pid").exists():
+        subprocess.run([sys.executable, "-c", code, str(pgdata)], capture_output=True, text=True, timeout=60)
 
 
 def _kill_leftovers(marker: str) -> None:
@@ -373,11 +396,12 @@ def _table(rows: list[dict]) -> str:
 def _write_doc(text: str) -> None:
     doc = ROOT / "docs" / "BENCHMARKS.md"
     body = doc.read_text()
-    start = body.find(SECTION)
+    heading = text.split("\n", 1)[0]
+    start = body.find(heading + "\n")
     if start < 0:
         body = body.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n"
     else:
-        nxt = body.find("\n## ", start + len(SECTION))
+        nxt = body.find("\n## ", start + len(heading))
         body = body[:start] + text.rstrip("\n") + "\n" + (body[nxt:] if nxt >= 0 else "")
     doc.write_text(body)
 
@@ -392,10 +416,13 @@ def main() -> int:
     ap.add_argument("--deadline", type=float, default=420, help="seconds for the whole UI part (start → last run)")
     ap.add_argument("--run-timeout", type=float, default=120)
     ap.add_argument("--write-doc", action="store_true")
-    ap.add_argument("--what-if", action="store_true",
-                    help="then --runs more runs with run config execution: in_process (not what the button sends)")
+    ap.add_argument("--storage", choices=("sqlite", "postgres"), default="sqlite",
+                    help="Dagster's instance storage: the repo's dagster.yaml (sqlite) or docker/dagster.yaml "
+                         "(dagster-postgres, on a pgserver of its own)")
+    ap.add_argument("--executor", choices=("in_process", "multiprocess"), default=None,
+                    help="KB_DAGSTER_EXECUTOR for every process (default: the code location's, in_process)")
     ap.add_argument("--dequeue-interval", type=int, default=None,
-                    help="run_coordinator dequeue_interval_seconds in the temp dagster.yaml (Dagster's default: 5)")
+                    help="run_queue dequeue_interval_seconds in the temp dagster.yaml (the repo's: 1; Dagster's: 5)")
     args = ap.parse_args()
 
     import httpx
@@ -425,11 +452,18 @@ def main() -> int:
         ui = work / "ui"
         home = ui / "dagster_home"
         home.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")   # default storage, telemetry off, pools
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KB_", "DAGSTER_"))}
+        if args.storage == "postgres":   # as deployed: dagster-postgres storage (docker/dagster.yaml)
+            shutil.copy(ROOT / "docker" / "dagster.yaml", home / "dagster.yaml")
+            dagster_pg = _start_dagster_pg(ui / "dagster_pg")
+            env["DAGSTER_PG_URL"] = dagster_pg
+        else:
+            shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")   # sqlite storage, telemetry off, pools
+        if args.executor:
+            env["KB_DAGSTER_EXECUTOR"] = args.executor
         if args.dequeue_interval is not None:
             _set_dequeue_interval(home / "dagster.yaml", args.dequeue_interval)
         shutil.copy(ROOT / "workspace.yaml", ui / "workspace.yaml")  # python_module kb_assets.definitions
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("KB_", "DAGSTER_"))}
         env.update(DAGSTER_HOME=str(home), KB_CONFIG=str(cfg), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                    PYTHONPATH=str(ROOT), PATH=f"{BIN}:{env.get('PATH', '')}")
         port = _free_port()
@@ -453,16 +487,7 @@ def main() -> int:
                   f"{len(params['selector']['assetCheckSelection'])} checks, tags "
                   f"{[t['key'] for t in params['executionMetadata']['tags']]}", flush=True)
             plan = [("", params)] * args.runs
-            if args.what_if:
-                plan += [("(what-if: in_process)", {**params, "runConfigData": IN_PROCESS})] * args.runs
-                plan += [("(what-if: in_process, dequeue 1 s)", {**params, "runConfigData": IN_PROCESS})] * args.runs
             for i, (label, p) in enumerate(plan):
-                if "dequeue 1 s" in label and "dequeue 1 s" not in (rows[-1]["label"] if rows else ""):
-                    # the daemon again, its run queue polled every second (the webserver does not dequeue)
-                    procs.stop("daemon")
-                    _set_dequeue_interval(home / "dagster.yaml", 1)
-                    procs.start("daemon2", daemon_cmd, env)
-                    b.wait("the restarted daemon's run queue", b.queue_daemon_healthy, every=0.5)
                 r = b.one_run(p, args.run_timeout, label)
                 rows.append(r)
                 print(f"run {i + 1} {label}: {r['status']} · launch → SUCCESS seen {r['ui_s']} s · run {r['run_s']} s · "
@@ -475,6 +500,8 @@ def main() -> int:
     finally:
         if procs:
             procs.stop()
+        if args.storage == "postgres":
+            _stop_dagster_pg(work / "ui" / "dagster_pg")
         _stop_embedded_pg(work)
         _kill_leftovers(str(work))
         if fresh and not args.keep:
@@ -492,7 +519,7 @@ def main() -> int:
         cmd = " ".join([".venv/bin/python", "bench/ui_partition_bench.py", *sys.argv[1:]])
         _write_doc(_doc_text(cmd, when, up_before, up_after, first, loaded_s, ready_s, rows, table, args))
         print(f"wrote the section to {ROOT / 'docs' / 'BENCHMARKS.md'}")
-    misses = [f"run {i}: {why}" for i, r in enumerate(rows, 1) if not r["label"] for why, bad in (
+    misses = [f"run {i}: {why}" for i, r in enumerate(rows, 1) for why, bad in (
         ("not SUCCESS", r["status"] != "SUCCESS"), ("> 5 s", (r["ui_s"] or 1e9) > 5),
         ("embedded chunks", (r["chunks_embedded"] or 0) != 0), ("LLM calls", (r["llm_calls"] or 0) != 0)) if bad]
     if misses:
@@ -513,68 +540,44 @@ def _fill(text: str, indent: str = "") -> str:
 
 
 def _doc_text(cmd, when, up_before, up_after, first, loaded_s, ready_s, rows, table, args) -> str:
-    ui = [r for r in rows if not r["label"]]
-    wi = [r for r in rows if r["label"]]
+    ui = rows
     last = ui[-1] if ui else {}
     steps = ", ".join(f"{k} {v}" for k, v in sorted(last.get("step_s", {}).items(), key=lambda x: -x[1]))
     med = {k: _median([r.get(k) for r in ui]) for k in ("ui_s", "queued_s", "worker_start_s", "steps_wall_s",
-                                                         "step_worker_s_sum", "step_s_sum")}
+                                                         "step_s_sum")}
+    storage = ("dagster-postgres (docker/dagster.yaml, as deployed; its own pgserver)" if args.storage == "postgres"
+               else "sqlite (the repo's dagster.yaml, a developer's `dg dev`)")
+    executor = args.executor or "in_process (the code location's default)"
+    dq = f"dequeue_interval_seconds: {args.dequeue_interval if args.dequeue_interval is not None else 1}"
     verdict = _fill(f"**Median {med['ui_s']} s from the click to SUCCESS against the 5 s target "
                     f"({'met' if (med['ui_s'] or 1e9) <= 5 else 'missed'})**, with "
                     f"{', '.join(sorted({str(r['chunks_embedded']) for r in ui}))} chunks embedded, "
                     f"{', '.join(sorted({str(r['llm_calls']) for r in ui}))} LLM calls and the regression check "
                     f"reused = {', '.join(sorted({str(r['regression_reused']) for r in ui}))} in every run.")
-    what_if = ""
-    if wi:
-        parts = []
-        for label in dict.fromkeys(r["label"] for r in wi):
-            rs = [r for r in wi if r["label"] == label]
-            parts.append(f"{label.strip('()').removeprefix('what-if: ')}: median {_median([r['ui_s'] for r in rs])} s "
-                         f"to SUCCESS (queued {_median([r['queued_s'] for r in rs])} s, run worker start "
-                         f"{_median([r['worker_start_s'] for r in rs])} s, run {_median([r['run_s'] for r in rs])} s, "
-                         f"Σ step time {_median([r['step_s_sum'] for r in rs])} s)")
-        what_if = "\n" + _fill(
-            "The *what-if* rows are not what the button sends: the same launch with run config "
-            "`execution: {config: {in_process: {}}}` (the default executor's in-process choice: the steps run in "
-            "the run worker, no process per step), then the same after restarting the daemon with "
-            "`run_coordinator: QueuedRunCoordinator, config: {dequeue_interval_seconds: 1}` — " + "; ".join(parts)
-            + ". In-process, the steps' own time also shrinks (presumably because each step process pays its own "
-            "kb config load, database connection and embedded-PostgreSQL join, which the run worker pays once).") + "\n\n" + _fill(
-            "What would meet the target (not changed here): `kb_index` defined with "
-            "`executor_def=dg.in_process_executor` (kb_assets/defs/assets.py, `define_asset_job`) removes the "
-            "process per step (most of the gap above); what is left is the run queue (0 to "
-            "`dequeue_interval_seconds`, set in the deployment's dagster.yaml) + the run worker's start + the steps, "
-            "close to 5 s on this machine: the remaining floor is mostly Dagster's (queue, run worker start).") + "\n"
-    dq = ("Dagster's default dequeue interval, 5 s" if args.dequeue_interval is None
-          else f"dequeue_interval_seconds: {args.dequeue_interval}")
     intro = _fill(
-        "Issue target: an unchanged partition materialized from the UI in <= 5 s, with 0 embedding and 0 LLM "
-        "calls: what a data engineer waits for after \"Materialize\" → partition `nats` → \"Launch 1 run\". "
-        "Behind the UI, as a user runs it: `dagster-webserver -w workspace.yaml` (kb_assets.definitions) + "
-        "`dagster-daemon run`, a DAGSTER_HOME with the repo's dagster.yaml (sqlite storage, telemetry off, pool "
-        f"limits; run queue: {dq}). The launch is what the UI's single-partition dialog sends: "
-        "`partitionSetOrError` for the partition's tags (`dagster/partition`, `dagster/partition_set`), then "
-        "`launchPipelineExecution` with job `kb_index` and its assets and asset checks in the selector. Timed "
-        "from the mutation to SUCCESS seen by polling `runOrError` every 0.25 s.")
+        "What a data engineer waits for after \"Materialize\" → partition `nats` → \"Launch 1 run\": "
+        "`dagster-webserver -w workspace.yaml` + `dagster-daemon run`, Dagster storage: " + storage + "; executor: "
+        + executor + "; run queue " + dq + ". The launch is what the UI's single-partition dialog sends "
+        "(`launchPipelineExecution` with job `kb_index`, its assets and checks, the partition's tags); timed from the "
+        "mutation to SUCCESS seen by polling `runOrError` every 0.25 s.")
     setup = _fill(
         f"{when} · {os.cpu_count()} cores · load average before: {_load(up_before)} · after: {_load(up_after)}. "
-        f"The NATS ADRs ({first['documents']} documents, {first['chunks']} chunks) were indexed first by "
-        f"`kb index` (wall {first['wall_s']} s, {first['embedded']} chunks embedded). Code location LOADED "
-        f"{loaded_s:.1f} s after the webserver started; daemon healthy at {ready_s:.1f} s.")
+        f"The NATS ADRs ({first['documents']} documents, {first['chunks']} chunks) indexed first by `kb index`. "
+        f"Code location LOADED {loaded_s:.1f} s after the webserver started; daemon healthy at {ready_s:.1f} s.")
     bullets = "\n".join(_fill(b, "  ") for b in (
-        f"- *queued* {med['queued_s']} s — the mutation → RUN_STARTING: the run waits in the daemon's run queue, "
-        "which is dequeued every `dequeue_interval_seconds` (QueuedRunCoordinator, default 5 s: 0–5 s, ~2.5 s on "
-        "average), then the run launcher starts the run worker.",
-        f"- *run worker start* {med['worker_start_s']} s — RUN_STARTING → RUN_START: the run worker process "
-        "(interpreter, dagster + kb_assets imports, loading the definitions).",
-        f"- *steps* {med['steps_wall_s']} s — RUN_START → RUN_SUCCESS: `kb_index` has no executor of its own, so "
-        f"it runs on Dagster's default multiprocess executor: each of its {last.get('steps')} steps (assets and "
-        "asset checks) starts its own Python process, which imports dagster and kb_assets and loads the "
-        "definitions again before the step begins (*step process starts*: STEP_WORKER_STARTING → STEP_START, "
-        f"{med['step_worker_s_sum']} s summed over the steps), {os.cpu_count()} at a time at most (one per "
-        f"core). The steps' own work is small: {med['step_s_sum']} s summed (STEP_START → STEP_SUCCESS).",
-        f"- Step times of the last UI run (s): {steps or 'n/a'}."))
-    return f"""{SECTION}
+        f"- *queued* {med['queued_s']} s — mutation → RUN_STARTING: the run queue (polled every second) and the run "
+        "launcher starting the run worker.",
+        f"- *run worker start* {med['worker_start_s']} s — RUN_STARTING → RUN_START: a fresh Python process "
+        "(multiprocessing spawn from the code server) importing dagster, its storage (SQLAlchemy, alembic) and "
+        "kb_assets, and loading the definitions.",
+        f"- *steps* {med['steps_wall_s']} s — RUN_START → RUN_SUCCESS, the {last.get('steps')} steps "
+        + ("each in a process of its own (two at a time at most), which imports dagster and kb_assets again"
+           if args.executor == "multiprocess" else "one after the other in the run worker")
+        + f"; {med['step_s_sum']} s summed STEP_START → STEP_SUCCESS, which includes Dagster "
+        "writing each step's events (a new storage connection per event: dagster-postgres and sqlite both use "
+        "NullPool; sqlite also commits with an fsync each time).",
+        f"- Step times of the last run (s): {steps or 'n/a'}."))
+    return f"""{SECTION} — storage {args.storage}, executor {args.executor or 'in_process'}
 
 {intro}
 
@@ -588,9 +591,9 @@ def _doc_text(cmd, when, up_before, up_after, first, loaded_s, ready_s, rows, ta
 
 {verdict}
 
-Where the time goes (from the run's event log; medians over the UI runs):
+Where the time goes (from the run's event log; medians):
 {bullets}
-{what_if}
+
 {_fill("Figures are wall times on a shared 2-core machine; the load average above says how busy it was. "
        "CPU-bound phases (process starts, imports) grow with the load.")}
 """

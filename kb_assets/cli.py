@@ -124,7 +124,9 @@ def _index(args, run) -> int:
 
     bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=console, disable=not use_bars, transient=False)
-    with bars, index_run.mute_dagster_when(lambda: run.stopping or guard.last_unreachable() is not None):
+    # after a stop request, a lost database or a configuration refusal, the CLI's own line says it all
+    with bars, index_run.mute_dagster_when(lambda: run.stopping or guard.last_unreachable() is not None
+                                           or guard.last_config_refusal() is not None):
         progress_mod.set_current(_RichProgress(bars) if use_bars else None)
         try:
             for n, key in enumerate(keys):
@@ -132,6 +134,7 @@ def _index(args, run) -> int:
                     run.pending = keys[n:]
                     break
                 run.current, run.pending = key, keys[n + 1:]
+                guard.clear()      # a refusal of the previous source does not mute this one's failures
                 # one run per source at a time: wait for (or, --no-wait, refuse) another run holding it
                 with source_lock(url, key, wait=not args.no_wait, check=cancel.check,
                                  on_wait=lambda line: console.print(f"kb index: {line}"),
@@ -175,7 +178,7 @@ def _index(args, run) -> int:
         # "sources[notes].max_files" is not markup; a configuration error needs no class name before it
         err = err.split(": ", 1)[1] if err.startswith(("kb_assets.config.ConfigError: ",
                                                       "kb_assets.sources.roots.TooManyFiles: ")) else err
-        console.print(f"[red]kb index: source {key!r} failed:[/red] {escape(err)}")
+        console.print(f"[red]kb index: source {key!r} failed:[/red] {escape(err)}", soft_wrap=True)  # one line
     return EXIT_CONFIG if config_failed else 1 if failures else 0
 
 

@@ -1,12 +1,32 @@
-"""The code location: everything under kb_assets/defs/, plus the resource the assets share."""
+"""The code location: everything under kb_assets/defs/, plus the resource the assets share and the executor."""
+import os
 from pathlib import Path
 
 import dagster as dg
 
 from kb_assets.defs.resources import KbResource
 
+EXECUTOR_ENV = "KB_DAGSTER_EXECUTOR"
+_EXECUTORS = {"in_process": dg.in_process_executor, "multiprocess": dg.multiprocess_executor}
+
+
+def _executor() -> dg.ExecutorDefinition:
+    """The default executor of every job in the location, the UI's asset-graph "Materialize" included.
+
+    in_process (default): the steps of a run execute one after the other in its run worker. A partition's run
+    is ~13 small steps whose own work is a few seconds; a process per step (Dagster's default) cost ~31 s of
+    interpreter starts and imports on 2 cores. multiprocess: a process per step (isolation; steps in parallel)
+    — set KB_DAGSTER_EXECUTOR=multiprocess, or give the job another executor (docs/DEPLOYMENT.md)."""
+    choice = os.environ.get(EXECUTOR_ENV, "").strip() or "in_process"
+    if choice not in _EXECUTORS:
+        from kb_assets.config import ConfigError
+
+        raise ConfigError("(environment)", EXECUTOR_ENV, f"unknown executor {choice!r}",
+                          f"use one of: {', '.join(_EXECUTORS)}")
+    return _EXECUTORS[choice]
+
 
 @dg.definitions
 def defs() -> dg.Definitions:
     found = dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
-    return dg.Definitions.merge(found, dg.Definitions(resources={"kb": KbResource()}))
+    return dg.Definitions.merge(found, dg.Definitions(resources={"kb": KbResource()}, executor=_executor()))

@@ -65,6 +65,23 @@ def test_definitions_load_with_partitions_per_source(project):
     assert defs.resolve_schedule_def("nightly_index") and defs.resolve_sensor_def("git_commit_sensor")
 
 
+def test_every_job_runs_its_steps_in_process_unless_the_deployment_says_otherwise(project, monkeypatch):
+    """Issue 11: a process per step cost ~31 s of a nothing-changed partition run from the UI. The location's
+    default executor (Definitions(executor=...)) covers kb_index and the UI's asset-graph "Materialize",
+    which runs the implicit asset job; KB_DAGSTER_EXECUTOR=multiprocess gives the process-per-step back."""
+    from kb_assets.config import ConfigError
+
+    defs = _defs()
+    asset_job = defs.resolve_implicit_global_asset_job_def()
+    for job in (defs.resolve_job_def("kb_index"), asset_job):
+        assert job.executor_def is dg.in_process_executor, job.name
+    monkeypatch.setenv("KB_DAGSTER_EXECUTOR", "multiprocess")
+    assert _defs().resolve_job_def("kb_index").executor_def is dg.multiprocess_executor
+    monkeypatch.setenv("KB_DAGSTER_EXECUTOR", "threads")
+    with pytest.raises(ConfigError, match="KB_DAGSTER_EXECUTOR: unknown executor 'threads'"):
+        _defs()
+
+
 def test_materialize_a_partition_reports_metadata_and_checks_pass(project):
     repo, _ = project
     defs = _defs()

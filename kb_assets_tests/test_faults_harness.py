@@ -1,7 +1,8 @@
 """The fault-injection harness (bench/faults.py), short: a few trials against the real `kb index` process on
 a small corpus. Each fault is followed by a re-run whose end state must equal a clean index of the same
 corpus (documents, chunks, vectors, document vectors, keyword statistics), with no duplicate, no orphan, and
-at most two batches of texts embedded again (the batch being written and the call in flight)."""
+at most two batches of texts embedded again after a kill -9 (the batch being written and the call in flight),
+one after a stop or a database restart."""
 from __future__ import annotations
 
 import importlib.util
@@ -63,4 +64,6 @@ def test_two_runs_at_once_do_the_work_once_and_no_wait_exits_3(harness):
 def test_database_restarted_mid_run_the_run_finishes(harness):
     trial = harness.database_restart(2, retry_seconds=20)
     assert trial.fault_rc == 0, trial.notes
-    assert trial.diffs == [] and trial.rerun_rc == 0, trial
+    # vectors computed before the connection dropped are carried to the stage's re-run (pipeline/embeddings.py):
+    # at most one batch is redone (was two: the batch being written and the call in flight)
+    _assert_recovered(trial, max_batches=1)

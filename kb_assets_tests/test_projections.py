@@ -272,3 +272,24 @@ def test_use_when_drawn_from_the_signpost():
     assert use_when(e) == "We will keep a decision log."              # an introduction says nothing: the decision
     e = Entry(1, "s", "a.md", "doc", "T", summary="word " * 80)
     assert len(use_when(e)) <= 180 and use_when(e).endswith("…")
+
+
+def test_a_killed_writers_temp_file_is_removed_once_stale(tmp_path):
+    """A kill -9 between mkstemp and rename leaves `.<name>.dsl.<random>.tmp` (issue 12: the fault harness kills
+    the projections stage too): the next run removes it once it is older than a live writer could be."""
+    import os
+    import time as _time
+
+    from kb_assets.projections.files import STALE_TEMP_SECONDS, FileSync
+
+    (tmp_path / "by-tag").mkdir()
+    stale = tmp_path / "by-tag" / ".x.dsl.k3j2.tmp"
+    fresh = tmp_path / ".index.dsl.q9z8.tmp"       # a concurrent writer's, mid-write
+    for p in (stale, fresh):
+        p.write_text("half a file")
+    old = _time.time() - STALE_TEMP_SECONDS - 5
+    os.utime(stale, (old, old))
+    sync = FileSync(tmp_path)
+    sync.apply({"index.dsl": "a | doc | A | a.md | active\n"})
+    assert not stale.exists() and fresh.exists()
+    assert (tmp_path / "index.dsl").read_text().startswith("a | doc")

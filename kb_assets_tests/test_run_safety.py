@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import psycopg
 import pytest
 
@@ -146,6 +147,57 @@ def test_a_stop_abandons_the_call_in_flight_and_a_rerun_embeds_only_the_rest(con
     assert stats.missing_after == 0 and again.texts_embedded == 80
     # work paid twice: the abandoned call only (one batch)
     assert stopping.texts_embedded + again.texts_embedded - 100 <= 10
+
+
+class _DropsConnection(FixedCostEmbedder):
+    """Its first call terminates the stage's database session (what a server restart does to it) and returns
+    only once the session is gone, so that the write of that batch meets a dead connection."""
+
+    def __init__(self, admin_url: str):
+        super().__init__(0.0)
+        self.admin_url, self.victim_pid, self.calls = admin_url, None, 0
+
+    def embed_documents(self, texts):
+        self.calls += 1
+        if self.calls == 1:
+            with connect(self.admin_url) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (self.victim_pid,))
+                while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
+                                    (self.victim_pid,)).fetchone():
+                    time.sleep(0.05)
+        return super().embed_documents(texts)
+
+
+def test_vectors_computed_before_a_lost_connection_are_not_computed_again(db_url):
+    """Issue 12: a database restart during embedding redid two batches (the one being written and the call in
+    flight). The stage is re-run on a fresh connection (guard.run_stage); the vectors computed for the batches
+    that were not committed are reused, so no text is sent to the model twice."""
+    from kb_assets.pipeline.embeddings import count_missing, embed_source
+
+    with connect(db_url) as setup:
+        _chunks(setup, 60)
+    victim = connect(db_url)
+    dropping = _DropsConnection(db_url)
+    dropping.victim_pid = victim.info.backend_pid
+    try:
+        with pytest.raises((psycopg.OperationalError, psycopg.InterfaceError)) as err:
+            embed_source(victim, dropping, source_key="s", batch_rows=10)
+        assert retry.is_transient(err.value)      # what guard.run_stage re-runs the stage on
+    finally:
+        victim.close()
+    # batch 1's call killed the session; batch 2's call was in flight when batch 1's write failed (or, if the
+    # read of batch 2 came after the kill, batch 1's call was the one in flight)
+    assert dropping.texts_embedded in (10, 20)
+    with connect(db_url) as fresh:
+        again = FixedCostEmbedder(0.0)
+        stats = embed_source(fresh, again, source_key="s", batch_rows=10)
+        table = spaces.space_table(fresh, again.model, again.dimension)
+        assert stats.missing_after == 0 == count_missing(fresh, table)
+        assert again.texts_embedded == 60 - dropping.texts_embedded   # only what was never computed
+        assert stats.chunks_embedded == 60                # the carried vectors were written by this attempt
+        # the carried vectors are the model's, not placeholders
+        got = fresh.execute(f'SELECT embedding FROM "{table}" WHERE chunk_hash = %s', ("hash0003",)).fetchone()[0]
+        assert abs(float(np.dot(got.to_numpy(), again.vector("text number 3"))) - 1.0) < 1e-5
 
 
 # ---------------------------------------------------------------- database loss

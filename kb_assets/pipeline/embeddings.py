@@ -2,7 +2,9 @@
 
 SQL-first: only hashes without a vector are selected, so identical chunks anywhere, renamed files and
 re-runs cost nothing (invariant 2). Each batch is embedded with no transaction open, then written and
-committed on its own: a crash loses at most one batch (invariants 3, 4).
+committed on its own: a crash loses at most one batch (invariants 3, 4). Vectors computed but not yet
+committed when the database connection dropped are kept in memory and reused when the stage is re-run on a
+fresh connection (pipeline/guard.py), so a database restart costs no model call.
 """
 from __future__ import annotations
 
@@ -79,6 +81,50 @@ def _texts(rows) -> list[str]:
     return [f"{heading}\n{text}" if heading else text for _, heading, text in rows]
 
 
+# Vectors computed but not yet committed, per (model, dimension): chunk hash → vector. Filled as each model
+# call returns, emptied as its batch commits. When the connection drops mid-stage (a database restart),
+# guard.run_stage re-runs the stage on a fresh connection in this same process: the missing-hash query then
+# returns the same hashes, and their vectors come from here instead of the model (issue 12: a restart used
+# to redo the batch being written and the call in flight). Bounded: at most two batches are uncommitted.
+_uncommitted: dict[tuple[str, int], dict[str, np.ndarray]] = {}
+
+
+def _embed_with_carry(embedder, rows: list, carry: dict[str, np.ndarray]):
+    """embedder.embed_documents for the rows whose vector is not carried; the result covers every row (runs
+    in the worker thread; it reads `carry`, only the stage's own thread writes it)."""
+    from kb_assets.embedding.base import EmbedResult
+
+    todo = [i for i, (chunk_hash, _, _) in enumerate(rows) if chunk_hash not in carry]
+    if len(todo) == len(rows):
+        return embedder.embed_documents(_texts(rows))
+    vectors = np.zeros((len(rows), embedder.dimension), dtype=np.float32)
+    tokens = 0
+    if todo:
+        result = embedder.embed_documents(_texts([rows[i] for i in todo]))
+        vectors[todo] = np.asarray(result.vectors, dtype=np.float32).reshape(len(todo), embedder.dimension)
+        tokens = int(getattr(result, "tokens", 0) or 0)
+    for i, (chunk_hash, _, _) in enumerate(rows):
+        if chunk_hash in carry:
+            vectors[i] = carry[chunk_hash]
+    return EmbedResult(vectors, tokens)
+
+
+def _carry(carry: dict[str, np.ndarray], rows: list, result) -> None:
+    for (chunk_hash, _, _), vec in zip(rows, np.asarray(result.vectors, dtype=np.float32)):
+        carry[chunk_hash] = vec
+
+
+def _keep_call_in_flight(call, rows: list, carry: dict[str, np.ndarray]) -> None:
+    """The stage failed (e.g. the connection dropped) while a model call ran: let it finish, so that its
+    vectors are carried to the re-run (an error in it is the re-run's to meet again)."""
+    if call is None:
+        return
+    try:
+        _carry(carry, rows, call.result())
+    except Exception:
+        pass
+
+
 def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, batch_rows: int = 500,
                  progress: Progress = null_progress, max_batches: int | None = None) -> EmbedStats:
     """Embed the chunk hashes of a source (or of every source) that have no vector yet.
@@ -117,17 +163,23 @@ def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, 
         # keyset pagination: batch N+1 can be read before batch N is written (its hashes are all greater)
         return conn.execute(missing_query, (after, after)).fetchall()
 
+    carry = _uncommitted.setdefault((embedder.model, embedder.dimension), {})
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-embed")
     cancelled = False
+    call, in_flight = None, []
     try:
         rows = next_rows("")
-        call = pool.submit(embedder.embed_documents, _texts(rows)) if rows else None
+        call, in_flight = (pool.submit(_embed_with_carry, embedder, rows, carry), rows) if rows else (None, [])
         while rows:
             cancel.check()
             following = next_rows(rows[-1][0])                  # overlaps the call in flight
             result = cancel.wait(call)                          # no transaction is open while we wait
-            call = pool.submit(embedder.embed_documents, _texts(following)) if following else None
+            _carry(carry, rows, result)                         # kept until its batch commits
+            call, in_flight = (pool.submit(_embed_with_carry, embedder, following, carry), following) \
+                if following else (None, [])
             _write_batch(conn, table, rows, result, embedder.dimension)   # overlaps the next call
+            for chunk_hash, _, _ in rows:
+                carry.pop(chunk_hash, None)                     # committed: no longer ours to keep
             stats.batches += 1
             stats.chunks_embedded += len(rows)
             stats.tokens += int(getattr(result, "tokens", 0) or 0)
@@ -137,6 +189,7 @@ def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, 
         cancelled = True      # the call in flight is abandoned: its result is never written
         raise
     except Exception:
+        _keep_call_in_flight(call, in_flight, carry)
         if stats.vector_index_dropped and (spaces.active_space(conn) or (None,) * 3)[2] == table:
             _restore_index_after_failure(conn, table)
         raise
@@ -145,6 +198,7 @@ def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, 
         progress.done()
         if not conn.closed and not conn.broken:
             conn.execute("SET synchronous_commit = on")
+    carry.clear()             # every batch fetched was written: anything left belongs to no chunk now
     stats.missing_after = count_missing(conn, table, source_key)
     stats.seconds = round(time.perf_counter() - started, 3)
     return stats

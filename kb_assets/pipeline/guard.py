@@ -14,11 +14,13 @@ from kb_assets.pipeline import cancel
 T = TypeVar("T")
 
 _last_unreachable: list[BaseException] = []
+_config_refusals: list[BaseException] = []
 
 
 def run_stage(cfg, source_key: str | None, fn: Callable[..., T], *, lock: bool = True,
               on_wait: Callable[[str], None] | None = None) -> T:
     """fn(conn) with a fresh connection (and the source's lock when `lock` and a source is given)."""
+    from kb_assets.config import ConfigError
     from kb_assets.store.db import cfg_retry_seconds, connect, database_origin, open_database_once
     from kb_assets.store.locks import source_lock
     from kb_assets.store.retry import DatabaseUnreachable, retry_call
@@ -41,6 +43,9 @@ def run_stage(cfg, source_key: str | None, fn: Callable[..., T], *, lock: bool =
                               budget=0.0 if _last_unreachable else cfg_retry_seconds(cfg))
     except DatabaseUnreachable as exc:
         _last_unreachable.append(exc)
+        raise
+    except ConfigError as exc:       # a refusal (max_files, a broad root): the CLI prints it as one line
+        _config_refusals.append(exc)
         raise
     finally:
         _trace(stage, "end")
@@ -68,5 +73,12 @@ def last_unreachable() -> BaseException | None:
     return _last_unreachable[-1] if _last_unreachable else None
 
 
+def last_config_refusal() -> BaseException | None:
+    """The last configuration error (ConfigError, e.g. a listing past max_files) a stage of this process
+    failed on: `kb index` then mutes Dagster's step-failure records and prints that one line (exit 2)."""
+    return _config_refusals[-1] if _config_refusals else None
+
+
 def clear() -> None:
     _last_unreachable.clear()
+    _config_refusals.clear()

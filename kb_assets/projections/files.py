@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 SUFFIX = ".dsl"
+STALE_TEMP_SECONDS = 60     # older temp files are a killed writer's (a live one renames its file in milliseconds)
 
 
 def write_if_changed(path: Path, text: str) -> bool:
@@ -56,10 +58,17 @@ class FileSync:
                 self.written.append(rel)
             else:
                 self.unchanged += 1
+        stale_before = time.time() - STALE_TEMP_SECONDS
         for folder in self.OWNED:
             d = self.root / folder if folder else self.root
             if not d.is_dir():
                 continue
+            for p in d.glob(f".*{SUFFIX}.*.tmp"):     # left by a writer killed between mkstemp and rename
+                try:
+                    if p.stat().st_mtime < stale_before:
+                        p.unlink()
+                except FileNotFoundError:
+                    pass
             for p in sorted(d.glob(f"*{SUFFIX}")):
                 rel = p.relative_to(self.root).as_posix()
                 if rel not in files:
