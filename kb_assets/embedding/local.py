@@ -21,6 +21,8 @@ _PACKAGED_NAMES = {DEFAULT_LOCAL_MODEL, "sentence-transformers/all-MiniLM-L6-v2"
 _MODEL_CACHE: dict[str, Any] = {}          # resolved model folder -> SentenceTransformer
 _TOKENIZER_CACHE: dict[str, Any] = {}      # resolved model folder -> tokenizers.Tokenizer
 _LOCK = threading.Lock()
+SMALL_JOB_TEXTS = 64                        # embed calls up to this size skip torch (see document_encoder)
+DOCUMENT_ENCODER_ENV = "KB_DOCUMENT_ENCODER"   # "torch": always sentence-transformers for documents
 
 
 def packaged_model_dir() -> Path:
@@ -199,11 +201,36 @@ class LocalEmbedder:
         return model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,
                             convert_to_numpy=True, show_progress_bar=False)
 
+    def document_encoder(self, n_texts: int) -> str:
+        """"numpy" for a call of at most SMALL_JOB_TEXTS texts while torch is not loaded in this process (a
+        re-run that changed a few files: importing torch and loading the model costs ~4 s and ~400 MB, more
+        than numpy's forward pass over that many chunks; same weights and vectors, embedding/numpy_bert.py);
+        "torch" otherwise, or when KB_DOCUMENT_ENCODER=torch or the folder is not a plain mean-pooled BERT."""
+        if self.loaded or n_texts > SMALL_JOB_TEXTS or os.environ.get(DOCUMENT_ENCODER_ENV, "").lower() == "torch":
+            return "torch"
+        from kb_assets.embedding import numpy_bert
+
+        return "numpy" if numpy_bert.supports(self.path) else "torch"
+
+    def _encode_numpy(self, texts: list[str]) -> np.ndarray:
+        from kb_assets.embedding.numpy_bert import encoder_for
+
+        encoder = encoder_for(self.path)
+        # short texts together (the encoder pads to the longest in a call), 4 at a time: 16 full-window
+        # texts held ~200 MB of attention scores and activations, 4 hold ~50 MB at the same speed per text
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out = np.empty((len(texts), self.dimension), dtype=np.float32)
+        for start in range(0, len(order), 4):
+            part = order[start:start + 4]
+            out[part] = encoder.encode([texts[i] for i in part])
+        return out
+
     def embed_documents(self, texts: list[str]) -> EmbedResult:
         texts = list(texts)
         if not texts:
             return empty_result(self.dimension)
-        vectors = as_matrix(self._encode(texts), len(texts), self.dimension, f"local model {self.model}")
+        raw = self._encode_numpy(texts) if self.document_encoder(len(texts)) == "numpy" else self._encode(texts)
+        vectors = as_matrix(raw, len(texts), self.dimension, f"local model {self.model}")
         special = self.special_tokens
         tokens = sum(min(n + special, self.window) for n in self.count_tokens(texts))
         return EmbedResult(vectors, tokens)
