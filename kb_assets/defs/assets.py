@@ -15,12 +15,14 @@ GROUP = "kb"
 
 
 def _table(rows: list[dict], columns: list[str]) -> dg.MetadataValue:
-    """A markdown table preview (pandas: what data engineers read in the UI)."""
+    """A markdown table preview (what data engineers read in the UI). tabulate is what pandas' to_markdown
+    calls, the same table; pandas itself cost ~0.5 s of import (8% of a nothing-changed run's CPU)."""
     if not rows:
-        return dg.MetadataValue.md("_none_")   # before importing pandas: ~0.5 s of a nothing-changed run
-    import pandas as pd
+        return dg.MetadataValue.md("_none_")
+    from tabulate import tabulate
 
-    return dg.MetadataValue.md(pd.DataFrame(rows, columns=columns).to_markdown(index=False))
+    cells = [["" if r.get(c) is None else r.get(c) for c in columns] for r in rows]
+    return dg.MetadataValue.md(tabulate(cells, headers=columns, tablefmt="pipe"))
 
 
 @dg.asset(

@@ -105,11 +105,9 @@ def _run_sources(context: dg.AssetCheckExecutionContext, kb: KbResource) -> list
 
 
 def _md_table(rows: list[dict], columns: list[str]) -> dg.MetadataValue:
-    import pandas as pd
+    from kb_assets.defs.assets import _table   # tabulate, as pandas' to_markdown, without importing pandas
 
-    if not rows:
-        return dg.MetadataValue.md("_none_")
-    return dg.MetadataValue.md(pd.DataFrame(rows, columns=columns).fillna("").to_markdown(index=False))
+    return _table(rows, columns)
 
 
 @dg.asset_check(asset=kb_documents, description=(
