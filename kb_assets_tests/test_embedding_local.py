@@ -145,3 +145,14 @@ def test_lazy_imports_and_offline_load_in_a_fresh_process(tmp_path):
     assert out["offline"] == ["1", "1"]
     assert 1 <= out["threads"] <= (len(os.sched_getaffinity(0)))
     assert out["hf_cache"] == []          # nothing was downloaded or cached
+
+
+def test_warm_up_loads_the_model_in_a_thread_once(monkeypatch):
+    monkeypatch.setattr(local_mod, "_MODEL_CACHE", {})
+    e = LocalEmbedder()
+    thread = e.warm_up()
+    assert thread is not None and thread.name == "kb-model-warm-up"
+    assert e.warm_up() is None or not thread.is_alive()   # one warm-up at a time
+    thread.join(timeout=300)
+    assert e.loaded and e.warm_up() is None               # loaded: nothing to do
+    assert e.document_encoder(3) == "torch"               # and the embed calls use it
