@@ -128,6 +128,7 @@ def _index(args, run) -> int:
     with bars, index_run.mute_dagster_when(lambda: run.stopping or guard.last_unreachable() is not None
                                            or guard.last_config_refusal() is not None):
         progress_mod.set_current(_RichProgress(bars) if use_bars else None)
+        progress_mod.set_steps_in_process(True)
         try:
             for n, key in enumerate(keys):
                 if run.stopping:   # a signal before this source started
@@ -154,6 +155,7 @@ def _index(args, run) -> int:
                 run.current = None
         finally:
             progress_mod.set_current(None)
+            progress_mod.set_steps_in_process(False)
     if run.stopping:
         run.finish()   # one line, exit 130/143
     elapsed = time.perf_counter() - started

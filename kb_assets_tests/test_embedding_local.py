@@ -117,8 +117,12 @@ def test_lazy_imports_and_offline_load_in_a_fresh_process(tmp_path):
         vec = e.embed_query("hello world")
         out["dim"] = len(vec)
         out["after_query"] = [m for m in heavy if m in sys.modules]   # the numpy query encoder: no torch
-        e.embed_documents(["hello world"])
+        small = e.embed_documents(["hello world"]).vectors        # a small job: the numpy encoder
+        out["after_small_embed"] = [m for m in heavy if m in sys.modules]
+        from kb_assets.embedding.local import SMALL_JOB_TEXTS
+        big = e.embed_documents(["hello world"] * (SMALL_JOB_TEXTS + 1)).vectors   # past it: torch
         out["after_embed"] = [m for m in heavy if m in sys.modules]
+        out["small_vs_torch_cosine"] = float((small[0] * big[0]).sum())
         out["offline"] = [os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE")]
         import torch
         out["threads"] = torch.get_num_threads()
@@ -134,8 +138,21 @@ def test_lazy_imports_and_offline_load_in_a_fresh_process(tmp_path):
     assert out["after_import"] == [] and out["after_count"] == []
     assert out["counts"][:2] == [2, 3] and out["max_tokens"] == 254
     assert out["dim"] == 384 and out["after_query"] == []
+    assert out["after_small_embed"] == []
     assert "torch" in out["after_embed"] and "sentence_transformers" in out["after_embed"]
+    assert out["small_vs_torch_cosine"] >= 0.9999     # same weights, same vector
     assert "voyageai" not in out["after_embed"]
     assert out["offline"] == ["1", "1"]
     assert 1 <= out["threads"] <= (len(os.sched_getaffinity(0)))
     assert out["hf_cache"] == []          # nothing was downloaded or cached
+
+
+def test_warm_up_loads_the_model_in_a_thread_once(monkeypatch):
+    monkeypatch.setattr(local_mod, "_MODEL_CACHE", {})
+    e = LocalEmbedder()
+    thread = e.warm_up()
+    assert thread is not None and thread.name == "kb-model-warm-up"
+    assert e.warm_up() is None or not thread.is_alive()   # one warm-up at a time
+    thread.join(timeout=300)
+    assert e.loaded and e.warm_up() is None               # loaded: nothing to do
+    assert e.document_encoder(3) == "torch"               # and the embed calls use it

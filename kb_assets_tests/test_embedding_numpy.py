@@ -150,3 +150,26 @@ def test_a_fresh_recall_process_imports_neither_torch_nor_dagster_nor_pandas(tmp
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report == {"heavy": [], "dim": 384}
+
+
+def test_small_document_jobs_use_numpy_until_torch_is_loaded(monkeypatch, model_dir):
+    """A re-run that changed a few files embeds them without importing torch (same vectors); a larger call,
+    a loaded model or KB_DOCUMENT_ENCODER=torch take sentence-transformers."""
+    emb = LocalEmbedder()
+    monkeypatch.setattr(local_mod, "_MODEL_CACHE", {})
+    monkeypatch.delenv("KB_DOCUMENT_ENCODER", raising=False)
+    texts = SAMPLE + [f"chunk {i} about vector indexes and {i * 7} rows" for i in range(9)]
+    assert emb.document_encoder(len(texts)) == "numpy"
+    assert emb.document_encoder(local_mod.SMALL_JOB_TEXTS + 1) == "torch"
+    small = emb.embed_documents(texts)
+    assert not emb.loaded                        # the model was not loaded for it
+    assert small.tokens > 0
+    monkeypatch.setenv("KB_DOCUMENT_ENCODER", "torch")
+    assert emb.document_encoder(len(texts)) == "torch"
+    reference = emb.embed_documents(texts)
+    assert emb.loaded
+    cos = (np.asarray(small.vectors) * np.asarray(reference.vectors)).sum(1)
+    assert cos.min() >= 0.999, f"worst cosine {cos.min():.6f}"
+    assert small.tokens == reference.tokens
+    monkeypatch.delenv("KB_DOCUMENT_ENCODER")
+    assert emb.document_encoder(3) == "torch"    # once torch is loaded, it stays the encoder

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psycopg
 
-HEAVY = ("torch", "sentence_transformers", "transformers", "voyageai", "google.genai")
+HEAVY = ("torch", "sentence_transformers", "transformers", "voyageai", "google.genai", "pandas")   # pandas: the UI tables use tabulate
 
 _RUN = (
     "import json, sys\n"

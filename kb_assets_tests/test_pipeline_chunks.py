@@ -199,3 +199,19 @@ def test_copy_fields_are_escaped_like_psycopg():
 
     value = "a\\b\tc\nd\re\x08f\x0bg\x0ch\x00i\\N ☃"
     assert chunks_mod._copy_field(value).encode() == _dump_re.sub(_dump_sub, value.replace("\x00", "").encode())
+
+
+def test_first_load_ahead_only_when_most_of_a_large_source_was_never_chunked(conn, emb, monkeypatch):
+    """The model warm-up's trigger: a first run of a large source, not a re-run that changed a few files."""
+    monkeypatch.setattr(chunks_mod, "WARM_UP_MIN_DOCUMENTS", 10)
+    _add(conn, _texts())                                   # 18 documents, none chunked
+    assert chunks_mod.first_load_ahead(conn, "s")
+    _run(conn, emb)
+    assert not chunks_mod.first_load_ahead(conn, "s")      # all chunked
+    for i in range(9):                                     # a rename of half of them: new rows, not chunked
+        conn.execute("INSERT INTO documents (source_key, path, kind, status, content_hash, text)"
+                     " SELECT source_key, path || '-moved', kind, status, content_hash, text FROM documents"
+                     " WHERE path = %s", (f"docs/note-{i:02d}.md",))
+    assert not chunks_mod.first_load_ahead(conn, "s")      # 9 new of 27: under half, and under the minimum
+    monkeypatch.setattr(chunks_mod, "WARM_UP_MIN_DOCUMENTS", 5)
+    assert not chunks_mod.first_load_ahead(conn, "s")      # under half of the source

@@ -100,6 +100,28 @@ def test_no_transaction_is_open_while_generating(conn):
     assert seen == [psycopg.pq.TransactionStatus.IDLE]
 
 
+def test_extractive_writes_skip_the_wal_flush_and_paid_ones_do_not(conn, mock):
+    """Extractive signposts (free to regenerate) commit asynchronously; the connection is durable again after the
+    stage; a paid generator's writes are never asynchronous."""
+    _add_doc(conn, "a.md", _adr(1))
+    seen = []
+
+    class Probe(ExtractiveSignposter):
+        def generate(self, doc):
+            seen.append(conn.execute("SHOW synchronous_commit").fetchone()[0])
+            return super().generate(doc)
+
+    assert run_signposts(conn, SRC, Probe()).generated == 1
+    assert seen == ["off"] and conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
+    _add_doc(conn, "b.md", _adr(2))
+    gem = _gemini(mock)
+    real = gem.generate
+    paid = []
+    gem.generate = lambda doc: (paid.append(conn.execute("SHOW synchronous_commit").fetchone()[0]), real(doc))[1]
+    run_signposts(conn, SRC, gem)
+    assert paid and set(paid) == {"on"}
+
+
 # ------------------------------------------------------------------------------------------------- gemini
 
 def test_gemini_idempotent_second_run_makes_no_call(conn, mock):

@@ -7,6 +7,8 @@ import dagster as dg
 from kb_assets.defs.partitions import sources_partitions
 from kb_assets.defs.resources import KbResource
 from kb_assets.pipeline import build_search_index, chunk_source, run_embeddings_stage, sync_documents
+from kb_assets.pipeline.chunks import first_load_ahead
+from kb_assets.pipeline.progress import steps_share_process
 from kb_assets.pipeline.search_index import source_changed_in_last_run
 from kb_assets.pipeline.progress import current as current_progress
 from kb_assets.store.status import record_run
@@ -87,6 +89,10 @@ def kb_chunks(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Materiali
     embedder = kb.embedder()  # only its tokenizer is used here: the model is not loaded
 
     def stage(conn):
+        # the model loads while this stage cuts: the embedding stage needs it next, in this process when the
+        # steps run in one (`kb index`: execute_in_process; a step-per-process run would load it for nothing)
+        if steps_share_process() and hasattr(embedder, "warm_up") and first_load_ahead(conn, key):
+            embedder.warm_up()
         stats = chunk_source(conn, key, max_tokens=embedder.max_tokens, count_tokens=embedder.count_tokens,
                              progress=current_progress())
         record_run(conn, key, "chunks", {"chunks": stats.as_metadata()})

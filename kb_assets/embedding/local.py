@@ -21,6 +21,9 @@ _PACKAGED_NAMES = {DEFAULT_LOCAL_MODEL, "sentence-transformers/all-MiniLM-L6-v2"
 _MODEL_CACHE: dict[str, Any] = {}          # resolved model folder -> SentenceTransformer
 _TOKENIZER_CACHE: dict[str, Any] = {}      # resolved model folder -> tokenizers.Tokenizer
 _LOCK = threading.Lock()
+SMALL_JOB_TEXTS = 64                        # embed calls up to this size skip torch (see document_encoder)
+DOCUMENT_ENCODER_ENV = "KB_DOCUMENT_ENCODER"   # "torch": always sentence-transformers for documents
+_WARMING: threading.Thread | None = None    # the warm-up thread while it loads the model
 
 
 def packaged_model_dir() -> Path:
@@ -188,6 +191,27 @@ class LocalEmbedder:
     def loaded(self) -> bool:
         return str(self.path) in _MODEL_CACHE
 
+    def warm_up(self) -> threading.Thread | None:
+        """Import torch and load the model in a background thread (a first run: the chunk stage's database
+        waits overlap the ~8 s CPU of imports, which are otherwise the embedding stage's first wait). None
+        when it is loaded or being loaded already; embed calls wait for it through load_model's lock."""
+        global _WARMING
+        with _LOCK:
+            if self.loaded or _WARMING is not None:
+                return None
+            _WARMING = threading.Thread(target=self._warm, name="kb-model-warm-up", daemon=True)
+        _WARMING.start()
+        return _WARMING
+
+    def _warm(self) -> None:
+        global _WARMING
+        try:
+            load_model(self.path)
+        except Exception:   # the embedding stage's own load reports it
+            pass
+        finally:
+            _WARMING = None
+
     def count_tokens(self, texts: list[str]) -> list[int]:
         """Word pieces per text, without special tokens — the same tokenizer.json the model uses."""
         if not texts:
@@ -199,11 +223,36 @@ class LocalEmbedder:
         return model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,
                             convert_to_numpy=True, show_progress_bar=False)
 
+    def document_encoder(self, n_texts: int) -> str:
+        """"numpy" for a call of at most SMALL_JOB_TEXTS texts while torch is not loaded in this process (a
+        re-run that changed a few files: importing torch and loading the model costs ~4 s and ~400 MB, more
+        than numpy's forward pass over that many chunks; same weights and vectors, embedding/numpy_bert.py);
+        "torch" otherwise, or when KB_DOCUMENT_ENCODER=torch or the folder is not a plain mean-pooled BERT."""
+        if self.loaded or n_texts > SMALL_JOB_TEXTS or os.environ.get(DOCUMENT_ENCODER_ENV, "").lower() == "torch":
+            return "torch"
+        from kb_assets.embedding import numpy_bert
+
+        return "numpy" if numpy_bert.supports(self.path) else "torch"
+
+    def _encode_numpy(self, texts: list[str]) -> np.ndarray:
+        from kb_assets.embedding.numpy_bert import encoder_for
+
+        encoder = encoder_for(self.path)
+        # short texts together (the encoder pads to the longest in a call), 2 at a time: 16 full-window texts
+        # per call added ~370 MB of activations and 4 ~85 MB, for the same CPU time per text (measured)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out = np.empty((len(texts), self.dimension), dtype=np.float32)
+        for start in range(0, len(order), 2):
+            part = order[start:start + 2]
+            out[part] = encoder.encode([texts[i] for i in part])
+        return out
+
     def embed_documents(self, texts: list[str]) -> EmbedResult:
         texts = list(texts)
         if not texts:
             return empty_result(self.dimension)
-        vectors = as_matrix(self._encode(texts), len(texts), self.dimension, f"local model {self.model}")
+        raw = self._encode_numpy(texts) if self.document_encoder(len(texts)) == "numpy" else self._encode(texts)
+        vectors = as_matrix(raw, len(texts), self.dimension, f"local model {self.model}")
         special = self.special_tokens
         tokens = sum(min(n + special, self.window) for n in self.count_tokens(texts))
         return EmbedResult(vectors, tokens)

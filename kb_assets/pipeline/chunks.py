@@ -41,6 +41,19 @@ class ChunkStats:
         return asdict(self)
 
 
+WARM_UP_MIN_DOCUMENTS = 100
+
+
+def first_load_ahead(conn: psycopg.Connection, source_key: str) -> bool:
+    """Whether most of a source (≥ WARM_UP_MIN_DOCUMENTS documents) has never been chunked: a first run, whose
+    embedding stage will load the model. A re-run that changed, renamed or deleted a few files says False
+    (its few new chunks, if any, take the torch-free encoder)."""
+    never, active = conn.execute(
+        "SELECT count(*) FILTER (WHERE chunked_hash IS NULL), count(*) FROM documents"
+        " WHERE source_key = %s AND status = 'active'", (source_key,)).fetchone()
+    return never >= WARM_UP_MIN_DOCUMENTS and 2 * never >= active
+
+
 def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int,
                  count_tokens: Callable[[list[str]], list[int]] | None,
                  overlap_tokens: int = 32, progress: Progress = null_progress) -> ChunkStats:

@@ -34,3 +34,18 @@ def set_current(progress: Progress | None) -> None:
 
 def current() -> Progress:
     return _current
+
+
+_steps_in_process = False
+
+
+def set_steps_in_process(flag: bool) -> None:
+    """`kb index` says so while its runs execute every step in its own process (execute_in_process), so a
+    stage may prepare what the next stage uses (the embedding model); a run launched from the UI may run
+    each step in a process of its own, where that would be loaded for nothing."""
+    global _steps_in_process
+    _steps_in_process = flag
+
+
+def steps_share_process() -> bool:
+    return _steps_in_process

@@ -256,6 +256,12 @@ def run_signposts(conn, source_key: str, signposter, *, max_failures: int = 3, c
     jobs = list(groups.values())
     total = len(jobs)
     done = 0
+    # A generator that calls no paid API (extractive) commits without waiting for the WAL flush: a server crash
+    # can lose its newest signposts, which the next run regenerates for free, never half of one. 35% of the
+    # stage's wall time on 300 documents (5.4-7.4 s against 8.6-11.5 s); paid generators keep durable commits.
+    relaxed = bool(jobs) and gen == "extractive"
+    if relaxed:
+        conn.execute("SET synchronous_commit = off")
     limiter = AdaptiveLimit(max(1, concurrency))
     has_listener = hasattr(signposter, "rate_limit_listener")
     previous_listener = getattr(signposter, "rate_limit_listener", None)
@@ -339,6 +345,8 @@ def run_signposts(conn, source_key: str, signposter, *, max_failures: int = 3, c
     finally:
         if has_listener:
             signposter.rate_limit_listener = previous_listener
+        if relaxed and not conn.closed and not conn.broken:
+            conn.execute("SET synchronous_commit = on")
     cancel.check()
 
     row = conn.execute(
