@@ -99,5 +99,5 @@ class Corpus:
         return did
 
     def refresh(self):
-        from kb_assets.query import refresh_query_stats
+        from kb_assets.pipeline.query_stats import refresh_query_stats
         return refresh_query_stats(self.conn)

@@ -511,7 +511,7 @@ class _Searcher:
         model, dim, table, has_docs, n_stats, has_vector_index, n_est, n_filtered = row
         self.has_vector_index = bool(has_vector_index)
         if table is not None:
-            from kb_assets.query.stats import doc_vector_table
+            from kb_assets.store.spaces import doc_vector_table
             self.space = (model, int(dim), table)
             self.doc_table = doc_vector_table(table) if has_docs else None
         self.have_stats = n_stats is not None
