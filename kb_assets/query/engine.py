@@ -32,7 +32,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import date
 from typing import Any, Sequence
 
 from kb_assets.sources.safe_names import printable
@@ -273,34 +273,8 @@ def _as_list(v: str | Sequence[str] | None) -> list[str] | None:
 
 
 # --------------------------------------------------------------------------------------------------------
-# Dates in document metadata come in many spellings (ISO, "05-Jul-2001", "July 5, 2001", ...).
-_DATE_FORMATS = ("%d-%b-%Y", "%d-%B-%Y", "%d %b %Y", "%d %B %Y", "%b %d, %Y", "%B %d, %Y", "%Y/%m/%d",
-                 "%Y.%m.%d", "%d.%m.%Y", "%Y-%m")
-
-
-def parse_date(value: Any) -> date | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, datetime):
-        return value.date()
-    if isinstance(value, date):
-        return value
-    s = str(value).strip()
-    if not s:
-        return None
-    m = re.match(r"\d{4}-\d{2}-\d{2}", s)
-    if m:
-        try:
-            return date.fromisoformat(m.group(0))
-        except ValueError:
-            return None
-    s = s.split("(")[0].strip().rstrip(",")
-    for fmt in _DATE_FORMATS:
-        try:
-            return datetime.strptime(s, fmt).date()
-        except ValueError:
-            continue
-    return None
+# Dates: the one parser of the index (sources/dates.py), so a filter reads a date as the documents stage did.
+from kb_assets.sources.dates import parse_date  # noqa: E402
 
 
 def _meta_dates(meta: dict[str, Any]) -> tuple[str | None, str | None]:

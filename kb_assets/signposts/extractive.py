@@ -195,23 +195,20 @@ _META_KEYS = {"status", "date", "tags", "author", "authors", "deciders", "type",
 
 
 def _parse_front_matter(lines: list[str]) -> tuple[dict[str, str], int]:
+    """A leading YAML block, read by the readers' one front-matter parser (sources/textutil.split_front_matter);
+    the documents stage has already taken it off stored texts, so this sees one only in a text given directly."""
     if not lines or lines[0].strip() != "---":
         return {}, 0
     for i in range(1, min(len(lines), 200)):
         if lines[i].strip() in ("---", "..."):
-            block = "\n".join(lines[1:i])
-            try:
-                import yaml
+            from kb_assets.sources.textutil import split_front_matter
 
-                data = yaml.safe_load(block)
-            except Exception:
-                data = None
+            data, _body, _error = split_front_matter("\n".join(lines[:i]) + "\n---\n")
             out: dict[str, str] = {}
-            if isinstance(data, dict):
-                for k, v in data.items():
-                    if isinstance(v, (list, tuple)):
-                        v = ", ".join(str(x) for x in v)
-                    out[str(k).strip().lower()] = str(v) if v is not None else ""
+            for k, v in data.items():
+                if isinstance(v, (list, tuple)):
+                    v = ", ".join(str(x) for x in v)
+                out[str(k).strip().lower()] = str(v) if v is not None else ""
             return out, i + 1
     return {}, 0
 
