@@ -310,7 +310,7 @@ class _Filters:
 
     @property
     def any_sql(self) -> bool:
-        return bool(self.sources or self.kinds or self.tags or self.path_prefix)
+        return bool(self.sources or self.kinds or self.tags or self.path_prefix) or self.any_date
 
     @property
     def any_date(self) -> bool:
@@ -337,6 +337,14 @@ class _Filters:
         if self.path_prefix:
             parts.append("starts_with(d.path, %(f_prefix)s)")
             params["f_prefix"] = self.path_prefix
+        # Dates in SQL, in every channel, over the whole index (migration 007: every document has one, its
+        # own or its commit's / file's). A document still without one (not re-indexed since) matches no range.
+        if self.since is not None:
+            parts.append("coalesce(d.updated, d.created) >= %(f_since)s")
+            params["f_since"] = self.since
+        if self.until is not None:
+            parts.append("coalesce(d.updated, d.created) <= %(f_until)s")
+            params["f_until"] = self.until
         return ("".join(" AND " + p for p in parts), params)
 
 
@@ -715,7 +723,8 @@ def recall(queries: str | Sequence[str], *, config=None, limit: int | None = Non
                         params).fetchone()[0]:
             result.notice = "no indexed document matches the filters (" + ", ".join(
                 f"{k}={v}" for k, v in (("source", filters.sources), ("kind", filters.kinds),
-                                        ("tag", filters.tags), ("path_prefix", filters.path_prefix)) if v) + ")"
+                                        ("tag", filters.tags), ("path_prefix", filters.path_prefix),
+                                        ("since", filters.since), ("until", filters.until)) if v) + ")"
     searcher = _Searcher(conn, settings, tuning, filters)
     searcher.prepare(need_vectors=mode != "keyword")
     space = searcher.space
@@ -802,22 +811,8 @@ def recall(queries: str | Sequence[str], *, config=None, limit: int | None = Non
         hits_by_query.append(hits)
     search_s = time.perf_counter() - t0
 
-    # ---- date filter (metadata dates have free-form spellings: applied in Python on candidate documents)
+    # ---- the date filter ran in SQL with the others (documents.created / updated, migration 007)
     t0 = time.perf_counter()
-    if filters.any_date:
-        ids = sorted({h.doc_id for ranked in per_query for h in ranked})
-        metas = dict(conn.execute("SELECT id, meta FROM documents WHERE id = ANY(%s)", (ids,)).fetchall()) if ids else {}
-        keep = set()
-        for did, meta in metas.items():
-            d = _doc_date(meta or {})
-            if d is None:
-                continue
-            if filters.since and d < filters.since:
-                continue
-            if filters.until and d > filters.until:
-                continue
-            keep.add(did)
-        per_query = [[h for h in ranked if h.doc_id in keep] for ranked in per_query]
 
     # ---- threshold, sections, union over queries
     if tuning.gate:
