@@ -70,6 +70,7 @@ def test_documents_stage_stores_the_parse_as_columns_and_every_document_has_a_da
         sync_documents(conn, cfg, s)
     f = _fields(conn)
     assert f["docs/adr/0001-use-queues.md"] == ("Implemented", "Done", "2017-07-14", None, "document", [])
+    assert f["docs/adr/0002-drop-cron.md"][:2] == ("Not Implemented", "Not implemented")
     assert f["docs/notes/plan.md"] == ("Implemented", "done", "2026-01-31", None, "front_matter", ["ops", "queues"])
     # no date of its own: the file's mtime, and it says so
     assert f["docs/notes/undated.md"] == (None, None, "2020-09-13", "2020-09-13", "mtime", [])
