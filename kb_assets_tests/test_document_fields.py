@@ -136,3 +136,17 @@ def test_a_narrow_date_range_over_a_larger_index_returns_every_matching_document
     # empty answer says it is the filters
     r = recall("celery", conn=conn, embedder=ToyEmbedder(), since="1990-01-01", until="1990-12-31")
     assert r.documents == [] and r.notice and "since=1990-01-01" in r.notice
+
+
+@pytest.mark.parametrize("raw", ["done", "Accepted", "approved", "Superseded", "rejected", "Draft", "proposed",
+                                 "deprecated", "completed", "Not implemented", "declined", "on hold"])
+def test_the_signpost_status_and_the_column_use_one_normaliser_and_keep_the_documents_word(raw):
+    from kb_assets.pipeline.document_fields import document_fields
+    from kb_assets.signposts.extractive import normalise_status
+
+    column, column_raw = document_fields("adr", {"status": raw}, None)[:2]
+    shown = normalise_status(raw)
+    assert column_raw == raw
+    assert shown.split(" (")[0].lower() == column.lower()          # the same canonical word
+    if column.lower() != raw.lower():
+        assert raw.lower() in shown.lower()                          # the document's own word beside it
