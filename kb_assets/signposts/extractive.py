@@ -38,7 +38,8 @@ MAX_WORK_TYPES = 5
 
 # Bump when the heuristics change: extractive signposts are then regenerated (cheaply) on the next run, without
 # touching LLM signposts. The schema version is part of it.
-ALGORITHM_VERSION = 2     # 2: rationales are reasons (issue 13 §4), artifacts are file paths, no CTE tables
+ALGORITHM_VERSION = 3     # 2: rationales are reasons (issue 13 §4), artifacts are file paths, no CTE tables;
+#                           3: markdown headings from the index's one heading parser (HTML blocks, indented ATX)
 
 
 class ExtractiveSignposter:
@@ -245,7 +246,28 @@ def _split_cells(line: str) -> list[str]:
     return [c.strip() for c in inner.split("|")]
 
 
-def parse_document(text: str, fallback_title: str = "") -> ParsedDoc:
+def _markdown_headings(lines: list[str]) -> dict[int, tuple[str, int, int]]:
+    """{0-based line: (title, level, lines consumed)} from the one heading parser of the index (the chunker's
+    markdown-it block scanner, also the readers' textutil.headings), for a markdown document."""
+    from kb_assets.chunking.markdown import _NOT_SETEXT, block_structure
+
+    out: dict[int, tuple[str, int, int]] = {}
+    try:
+        blocks = block_structure("\n".join(lines))
+    except Exception:
+        return out
+    for kind, a, b, level, title, _comment in blocks:
+        if kind == "heading":
+            out[a] = (title.strip(), level, 1)
+        elif kind == "setext":
+            t = " ".join(lines[k].strip() for k in range(a, b - 1))
+            if t and not _NOT_SETEXT.match(t):
+                out[a] = (t, level, b - a)
+    return out
+
+
+def parse_document(text: str, fallback_title: str = "", *, markdown: bool = False) -> ParsedDoc:
+    """markdown: headings come from the index's one markdown heading parser (else: ATX and reST adornments)."""
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     header, pos = _parse_front_matter(lines)
     fields, pos2 = _parse_header_fields(lines, pos)
@@ -261,6 +283,7 @@ def parse_document(text: str, fallback_title: str = "") -> ParsedDoc:
     fence_mark = ""
     i = pos
     current: Section | None = None
+    md_heads = _markdown_headings(lines) if markdown else None
 
     def add_line(line: str) -> None:
         (current.lines if current is not None else preamble).append(line)
@@ -282,8 +305,12 @@ def parse_document(text: str, fallback_title: str = "") -> ParsedDoc:
             continue
         heading: tuple[str, int] | None = None
         consumed = 1
-        m = _ATX.match(line)
-        if m:
+        m = None if md_heads is not None else _ATX.match(line)
+        if md_heads is not None:
+            if i in md_heads:
+                title_text, level, consumed = md_heads[i]
+                heading = (title_text, level)
+        elif m:
             heading = (m.group(2), len(m.group(1)))
         elif (line.strip() and i + 1 < len(lines) and not line.startswith((" ", "\t"))
               and _RST_UNDERLINE.match(lines[i + 1])
@@ -1271,9 +1298,13 @@ def _session_summary(doc: SignpostInput, parsed: ParsedDoc, artifacts: list[str]
     return shorten(text, SUMMARY_CHARS)
 
 
+_MARKDOWN_SUFFIXES = frozenset({".md", ".markdown", ".mdx", ".mdown", ".mkd", ".mkdn", ".ipynb"})
+
+
 def extract_document(doc: SignpostInput) -> dict:
     meta = doc.meta or {}
-    parsed = parse_document(doc.text, fallback_title=doc.title or PurePosixPath(doc.path).stem)
+    parsed = parse_document(doc.text, fallback_title=doc.title or PurePosixPath(doc.path).stem,
+                            markdown=PurePosixPath(doc.path.split("#", 1)[0]).suffix.lower() in _MARKDOWN_SUFFIXES)
     title = doc.title or parsed.title or PurePosixPath(doc.path).stem
     artifacts = extract_artifacts(doc.text, meta)
     if doc.kind in ("transcript", "session") and (meta.get("session_id") or meta.get("turns")
