@@ -150,3 +150,19 @@ def test_the_signpost_status_and_the_column_use_one_normaliser_and_keep_the_docu
     assert shown.split(" (")[0].lower() == column.lower()          # the same canonical word
     if column.lower() != raw.lower():
         assert raw.lower() in shown.lower()                          # the document's own word beside it
+
+
+def test_the_t0_index_shows_the_normalised_status_of_front_matter_documents(tmp_path, db_url, conn):
+    """T0 reads the documents stage's doc_status: a note whose front matter says `status: done` is listed as
+    Implemented, like an ADR that says Done (T0 used to print the raw front-matter word)."""
+    from kb_assets.pipeline.projections import build_projections
+
+    _tree(tmp_path)
+    cfg = _cfg(tmp_path, db_url)
+    for s in cfg.sources:
+        sync_documents(conn, cfg, s)
+    build_projections(conn, cfg, measure_tokens=False)
+    index = (cfg.projections_path() / "index.dsl").read_text()
+    plan = next(line for line in index.splitlines() if "plan.md" in line)
+    adr = next(line for line in index.splitlines() if "0001-use-queues" in line)
+    assert plan.rstrip().endswith("| Implemented") and adr.rstrip().endswith("| Implemented"), (plan, adr)
