@@ -198,20 +198,19 @@ _META_KEYS = {"status", "date", "tags", "author", "authors", "deciders", "type",
 def _parse_front_matter(lines: list[str]) -> tuple[dict[str, str], int]:
     """A leading YAML block, read by the readers' one front-matter parser (sources/textutil.split_front_matter);
     the documents stage has already taken it off stored texts, so this sees one only in a text given directly."""
-    if not lines or lines[0].strip() != "---":
-        return {}, 0
-    for i in range(1, min(len(lines), 200)):
-        if lines[i].strip() in ("---", "..."):
-            from kb_assets.sources.textutil import split_front_matter
+    from kb_assets.sources.textutil import front_matter_end, split_front_matter
 
-            data, _body, _error = split_front_matter("\n".join(lines[:i]) + "\n---\n")
-            out: dict[str, str] = {}
-            for k, v in data.items():
-                if isinstance(v, (list, tuple)):
-                    v = ", ".join(str(x) for x in v)
-                out[str(k).strip().lower()] = str(v) if v is not None else ""
-            return out, i + 1
-    return {}, 0
+    text = "\n".join(lines)
+    end = front_matter_end(text)
+    if not end:
+        return {}, 0
+    data, _body, _error = split_front_matter(text)
+    out: dict[str, str] = {}
+    for k, v in data.items():
+        if isinstance(v, (list, tuple)):
+            v = ", ".join(str(x) for x in v)
+        out[str(k).strip().lower()] = str(v) if v is not None else ""
+    return out, text.count("\n", 0, end) + (0 if text[end - 1] == "\n" else 1)
 
 
 def _parse_header_fields(lines: list[str], start: int) -> tuple[dict[str, str], int]:

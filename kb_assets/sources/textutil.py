@@ -38,21 +38,41 @@ def date_from_name(path: str) -> str | None:
 FRONT_MATTER_MAX = 64 * 1024
 
 
+_FRONT_OPEN = re.compile(r"---[ \t\r]*(?:\n|$)")
+_FRONT_CLOSE = re.compile(r"^(?:---|\.\.\.)[ \t\r]*$", re.M)
+
+
+def front_matter_end(text: str) -> int:
+    """Where a leading front-matter block ends: the offset just past its closing line, 0 when there is none.
+
+    The one rule for readers and chunker: a '---' line at the very top, closed by the next '---' or '...'
+    line (YAML's document end) within FRONT_MATTER_MAX characters. Whether the YAML inside is valid does not
+    matter here: the block is the block (split_front_matter reports bad YAML; the chunker keeps it apart)."""
+    opening = _FRONT_OPEN.match(text)
+    if not opening:
+        return 0
+    closing = _FRONT_CLOSE.search(text, opening.end(), min(len(text), FRONT_MATTER_MAX))
+    if not closing:
+        return 0
+    newline = text.find("\n", closing.end())
+    return len(text) if newline < 0 else newline + 1
+
+
 def split_front_matter(text: str) -> tuple[dict[str, Any], str, str | None]:
-    """(metadata, body, error). YAML front matter between '---' lines at the very top (python-frontmatter's
-    YAML handler, i.e. yaml.SafeLoader). Bad YAML leaves the text untouched and returns the error."""
-    if not text.startswith("---"):
+    """(metadata, body, error). YAML front matter as front_matter_end finds it, loaded by python-frontmatter's
+    YAML handler (yaml.SafeLoader). Bad YAML leaves the text untouched and returns the error."""
+    end = front_matter_end(text)
+    if not end:
         return {}, text, None
-    end = text.find("\n---", 3)
-    if end < 0 or end > FRONT_MATTER_MAX or text[3:4] not in ("\n", " ", "\t"):
-        return {}, text, None
+    closing = _FRONT_CLOSE.search(text, 3, end)
     try:
-        import frontmatter
-        post = frontmatter.loads(text)
+        from frontmatter.default_handlers import YAMLHandler
+
+        data = YAMLHandler().load(text[3:closing.start()])
     except Exception as exc:  # yaml errors, odd types
         return {}, text, f"front matter is not valid YAML: {str(exc).splitlines()[0][:200]}"
-    meta = post.metadata if isinstance(post.metadata, dict) else {}
-    return json_safe(meta), post.content, None
+    meta = data if isinstance(data, dict) else {}
+    return json_safe(meta), text[end:].strip(), None
 
 
 def json_safe(value: Any, depth: int = 0, budget: list[int] | None = None) -> Any:
