@@ -166,3 +166,30 @@ def test_the_t0_index_shows_the_normalised_status_of_front_matter_documents(tmp_
     plan = next(line for line in index.splitlines() if "plan.md" in line)
     adr = next(line for line in index.splitlines() if "0001-use-queues" in line)
     assert plan.rstrip().endswith("| Implemented") and adr.rstrip().endswith("| Implemented"), (plan, adr)
+
+
+def test_recall_and_show_read_the_dates_and_status_from_the_columns(conn):
+    """A record's created / updated / status are the documents stage's columns (the one normalised status, the
+    date the filters use), the stored meta's only for a row whose columns are not filled yet."""
+    from kb_assets.query import show
+
+    c = Corpus(conn)
+    c.doc("notes/plan.md", ["celery worker restart runbook plan"], source="notes",
+          meta={"date": "14.07.2017", "status": "done"})
+    c.doc("notes/old.md", ["celery worker restart runbook old"], source="notes",
+          meta={"date": "2019-03-02", "status": "proposed"})
+    c.refresh()
+    # the stage's columns win over meta: a date the filters see, stated nowhere in meta
+    conn.execute("UPDATE documents SET updated = '2024-05-06' WHERE path = 'notes/plan.md'")
+    # a row from before migration 007: nothing in the columns, meta is all there is
+    conn.execute("UPDATE documents SET doc_status = NULL, created = NULL, updated = NULL WHERE path = 'notes/old.md'")
+    r = recall("celery worker restart runbook", conn=conn, embedder=ToyEmbedder(), tuning=Tuning(gate=False))
+    got = {d.id: d.to_dict() for d in r.documents}
+    plan, old = got["kb:notes/notes/plan.md"], got["kb:notes/notes/old.md"]
+    assert (plan["status"], plan["created"], plan["updated"]) == ("Implemented", "2017-07-14", "2024-05-06")
+    assert (old["status"], old["created"], old["updated"]) == ("proposed", "2019-03-02", None)
+    shown = show("kb:notes/notes/plan.md", conn=conn)
+    assert (shown["status"], shown["created"], shown["updated"]) == ("Implemented", "2017-07-14", "2024-05-06")
+    r = recall("celery", conn=conn, embedder=ToyEmbedder(), since="2024-05-01", until="2024-05-31",
+               tuning=Tuning(gate=False))
+    assert [(d.id, d.updated) for d in r.documents] == [("kb:notes/notes/plan.md", "2024-05-06")]

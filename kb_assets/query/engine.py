@@ -283,6 +283,14 @@ def _meta_dates(meta: dict[str, Any]) -> tuple[str | None, str | None]:
     return _fmt_date(created), _fmt_date(updated)
 
 
+def _column_dates(created: date | None, updated: date | None, meta: dict[str, Any]) -> tuple[str | None, str | None]:
+    """A document's dates as the documents stage stored them (migration 007: created / updated, every active
+    document dated), the stored meta's for a row not yet refilled."""
+    if created is None and updated is None:
+        return _meta_dates(meta)
+    return (created.isoformat() if created else None), (updated.isoformat() if updated else None)
+
+
 def _fmt_date(v: Any) -> str | None:
     if v in (None, ""):
         return None
@@ -921,7 +929,8 @@ _RECORD_SQL = """
 SELECT d.id, d.source_key, d.path, d.kind, d.title, d.meta, d.indexed_commit, d.file_sig,
        s.indexed_commit, s.root, sp.payload, st.generator, st.stale,
        CASE WHEN sp.payload IS NULL THEN left(d.text, 4000) END,
-       p.heading, p.start_line, p.end_line, left(p.text, 4000)
+       p.heading, p.start_line, p.end_line, left(p.text, 4000),
+       d.doc_status, d.created, d.updated
 FROM unnest(%s::bigint[], %s::bigint[]) AS x(did, cid)
 JOIN documents d ON d.id = x.did
 JOIN sources s ON s.key = d.source_key
@@ -940,7 +949,8 @@ def _fetch_records(conn, hits: list[_DocHit], fresh: Freshness, include_passage:
     cids = [h.best_chunk() if include_passage else None for h in hits]
     out: dict[int, dict] = {}
     for (did, src, path, kind, title, meta, dcommit, sig, scommit, root, payload, gen, sp_stale, head,
-         p_heading, p_start, p_end, p_text) in conn.execute(_RECORD_SQL, (ids, cids)).fetchall():
+         p_heading, p_start, p_end, p_text, doc_status, created, updated
+         ) in conn.execute(_RECORD_SQL, (ids, cids)).fetchall():
         meta = meta or {}
         if payload is None:
             payload = fallback_signpost(title, head, kind)
@@ -950,6 +960,7 @@ def _fetch_records(conn, hits: list[_DocHit], fresh: Freshness, include_passage:
         out[did] = {
             "id": make_id(src, path), "source": src, "path": path, "kind": kind, "title": title or path,
             "meta": meta, "indexed_commit": dcommit or scommit, "payload": payload, "signpost_stale": bool(sp_stale),
+            "doc_status": doc_status, "dates": _column_dates(created, updated, meta),
             "stale": fresh.is_stale(root=root, source_commit=scommit, path=path, file_sig=sig),
         }
         if p_text is not None:
@@ -960,7 +971,7 @@ def _fetch_records(conn, hits: list[_DocHit], fresh: Freshness, include_passage:
 
 def _make_record(base: dict, h: _DocHit, section: str, qidx: list[int]) -> Record:
     meta = base["meta"]
-    created, updated = _meta_dates(meta)
+    created, updated = base["dates"]
     payload = base["payload"]
     title = squash(base["title"])
     main = "purpose" if section == "code" else "summary"
@@ -973,7 +984,8 @@ def _make_record(base: dict, h: _DocHit, section: str, qidx: list[int]) -> Recor
     signpost, cut = budget_signpost(base["kind"], payload, section)
     if base["signpost_stale"]:
         signpost["stale"] = True
-    status = squash(meta.get("status") or base["payload"].get("status") or "")
+    # the documents stage's one normalised status (documents.doc_status), the stored meta's for a row not refilled
+    status = squash(base["doc_status"] or meta.get("status") or base["payload"].get("status") or "")
     rec = Record(
         id=base["id"], title=cut_words(base["title"], 120)[0], kind=base["kind"], source=base["source"],
         path=base["path"], score=h.score, status=status, created=created, updated=updated, signpost=signpost,
@@ -1014,7 +1026,8 @@ def show(doc_id: str, *, config=None, conn=None) -> dict[str, Any]:
         conn = _connection_for(_resolve_config(config))
     row = conn.execute(
         "SELECT d.id, d.source_key, d.path, d.kind, d.title, d.status, d.skip_reason, d.skip_detail, d.meta,"
-        " d.text, d.content_hash, d.indexed_commit, d.file_sig, d.updated_at, s.indexed_commit, s.root"
+        " d.text, d.content_hash, d.indexed_commit, d.file_sig, d.updated_at, s.indexed_commit, s.root,"
+        " d.doc_status, d.created, d.updated"
         " FROM documents d JOIN sources s ON s.key = d.source_key WHERE d.source_key = %s AND d.path = %s",
         (src, path)).fetchone()
     if row is None:
@@ -1024,7 +1037,7 @@ def show(doc_id: str, *, config=None, conn=None) -> dict[str, Any]:
         hint = ("; similar: " + ", ".join(ID_PREFIX + r[0] for r in near)) if near else ""
         raise QueryError(f"no document {make_id(src, path)} in the index{hint}")
     (did, src, path, kind, title, status, skip_reason, skip_detail, meta, text, chash, dcommit, sig, updated_at,
-     scommit, root) = row
+     scommit, root, doc_status, doc_created, doc_updated) = row
     sp = conn.execute(
         "SELECT sp.payload, st.generator, st.model, st.prompt_version, st.stale, st.content_hash FROM signpost_state st"
         " JOIN signposts sp ON sp.content_hash = st.content_hash AND sp.generator = st.generator"
@@ -1038,11 +1051,11 @@ def show(doc_id: str, *, config=None, conn=None) -> dict[str, Any]:
     chunks = [{"ordinal": o, "heading": h, "lines": [a, b], "tokens": t} for o, h, a, b, t in conn.execute(
         "SELECT ordinal, heading, start_line, end_line, token_count FROM chunks WHERE document_id = %s ORDER BY ordinal",
         (did,))]
-    created, updated = _meta_dates(meta or {})
+    created, updated = _column_dates(doc_created, doc_updated, meta or {})
     fresh = Freshness()
     return {
         "id": make_id(src, path), "source": src, "path": path, "kind": kind, "title": title,
-        "status": (meta or {}).get("status") or "", "index_status": status,
+        "status": doc_status or (meta or {}).get("status") or "", "index_status": status,
         "skip_reason": skip_reason, "skip_detail": skip_detail,
         "created": created, "updated": updated, "meta": meta or {}, "signpost": signpost,
         "indexed_commit": dcommit or scommit, "content_hash": chash,
