@@ -196,7 +196,8 @@ def pipeline_index(cfg_path: Path) -> dict:
 def run_eval(cfg_path: Path, modes: list[str], grid: bool, out: Path) -> dict:
     from kb_assets.config import load_config
     from kb_assets.embedding import make_embedder
-    from kb_assets.query import Tuning, recall, refresh_query_stats
+    from kb_assets.pipeline.query_stats import refresh_query_stats
+    from kb_assets.query import Tuning, recall
     from kb_assets.query.engine import _connection_for
     from kb_assets.query.metrics import evaluate, load_qrels, load_queries
 

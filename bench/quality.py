@@ -57,7 +57,7 @@ OUT = ROOT / "bench" / "out" / "quality"
 
 # What decides an index's content: the corpus and this code. (The query engine is not in it: it only reads.)
 INDEXING_CODE = ["kb_assets/sources", "kb_assets/chunking", "kb_assets/embedding", "kb_assets/pipeline",
-                 "kb_assets/store", "kb_assets/defs", "kb_assets/query/stats.py", "kb_assets/query/regression.py",
+                 "kb_assets/store", "kb_assets/defs", "kb_assets/query/regression.py",
                  "kb_assets/query/regression", "kb_assets/config.py", "kb_assets/cli.py"]
 EMBEDDING_CODE = ["kb_assets/embedding"]
 

@@ -10,7 +10,7 @@ what its chunk triggers cost the chunk stage. Isolated from the rest of the pipe
     /work/venv/bin/python bench/query_stats_bench.py triggers --docs 3000 [--repeat 3]
 
 The corpus is bench/synth_corpus.py's (seeded), indexed once with the stand-in embedder at zero cost. "Old" is
-kb_assets/query/stats.py at --old-rev, run on a copy (CREATE DATABASE ... TEMPLATE) of the database the new
+kb_assets/pipeline/query_stats.py at --old-rev, run on a copy (CREATE DATABASE ... TEMPLATE) of the database the new
 code then refreshes, so both see the same state; their results are compared (lexeme counts exactly, document
 vectors to 1e-6). Backend CPU seconds (from /proc) are printed beside wall seconds: the machine is shared, and
 the server's own CPU time is the steadier figure.
@@ -37,7 +37,7 @@ import synth_corpus  # noqa: E402
 
 from kb_assets.embedding import FixedCostEmbedder  # noqa: E402
 from kb_assets.pipeline import chunk_source, index_sources  # noqa: E402
-from kb_assets.query.stats import doc_vector_table, refresh_query_stats  # noqa: E402
+from kb_assets.store.spaces import doc_vector_table, refresh_query_stats  # noqa: E402
 from kb_assets.store.db import connect, embedded_url, migrate  # noqa: E402
 
 OUT = HERE / "out"
@@ -46,7 +46,7 @@ CHUNK_TRIGGERS = ("kb_chunks_lock_ins", "kb_chunks_lock_upd", "kb_chunks_lock_de
 
 
 def old_module(rev: str):
-    src = subprocess.run(["git", "-C", str(HERE.parent), "show", f"{rev}:kb_assets/query/stats.py"],
+    src = subprocess.run(["git", "-C", str(HERE.parent), "show", f"{rev}:kb_assets/pipeline/query_stats.py"],
                          check=True, capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp(prefix="qsold-")) / "old_stats.py"
     path.write_text(src)

@@ -47,7 +47,7 @@ def pct(values: list[float], p: float) -> float:
 def build(conn, n_chunks: int, seed: int = 7) -> dict:
     import numpy as np
 
-    from kb_assets.query.stats import refresh_query_stats
+    from kb_assets.pipeline.query_stats import refresh_query_stats
     from kb_assets.store.spaces import activate_space, ensure_space
 
     rng = np.random.default_rng(seed)

@@ -29,7 +29,7 @@ def plan(cfg: KbConfig, conn=None) -> dict:
     from kb_assets.chunking import chunk_document
     from kb_assets.embedding import make_embedder
     from kb_assets.signposts import make_signposter
-    from kb_assets.signposts.runner import estimate_signpost_tokens
+    from kb_assets.pipeline.signposts import estimate_signpost_tokens
     from kb_assets.sources.discovery import list_source
     from kb_assets.sources.readers import read_entry
     from kb_assets.sources.roots import TooManyFiles

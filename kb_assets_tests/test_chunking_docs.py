@@ -348,3 +348,37 @@ def test_random_structures_keep_invariants_and_lose_nothing(counter, raw, monkey
         lost = [k for k, ch in enumerate(text) if not covered[k] and not ch.isspace()
                 and ch not in "\x00\x0b\x1c\x1d\x1e\x1f\x85\u2028"]
         assert not lost, (path, kind, text[lost[0]:lost[0] + 40])
+
+
+@pytest.mark.parametrize("front, valid", [
+    ("---\ntitle: x\ntags: [a, b]\n---\n", True),
+    ("---\ntitle: x\n...\n", True),                                   # YAML's document end closes it too
+    ("---\ntitle: [unclosed\nstatus: done: twice\n---\n", False),     # bad YAML: still the block, kept apart
+    ("---  \r\ntitle: y\r\n---\r\n", True),
+])
+def test_front_matter_block_is_the_readers(counter, front, valid):
+    """The chunker's front-matter block ends exactly where the readers' one front-matter parser says (valid YAML
+    or not): the first chunk is the block and nothing after it, and the next chunk starts on the following line."""
+    from kb_assets.sources.textutil import front_matter_end, split_front_matter
+
+    text = front + "# Body\n\n" + words(60) + "\n"
+    meta, body, error = split_front_matter(text)
+    assert (error is None) == valid and (meta.get("title") is not None) == valid
+    assert body.startswith("# Body") if valid else body == text
+    end = front_matter_end(text)
+    assert text[:end] == front
+    _doc, chunks = chunk(text, path="notes.md", kind="doc", max_tokens=40, counter=counter)
+    block = front.count("\n")
+    assert (chunks[0].heading, chunks[0].start_line, chunks[0].end_line) == ("", 1, block)
+    assert chunks[0].text.replace("\r", "").rstrip() == front.replace("\r", "").rstrip()
+    assert chunks[1].heading == "Body" and chunks[1].start_line == block + 3     # '# Body', blank, the words
+
+
+def test_no_front_matter_without_a_closing_line(counter):
+    from kb_assets.sources.textutil import front_matter_end, split_front_matter
+
+    text = "---\ntitle: x\n\n# Body\n\n" + words(60) + "\n"
+    assert front_matter_end(text) == 0 and split_front_matter(text) == ({}, text, None)
+    _doc, chunks = chunk(text, path="notes.md", kind="doc", max_tokens=40, counter=counter)
+    assert (chunks[0].start_line, chunks[0].end_line) == (1, 2)      # a rule and a paragraph, not a block
+    assert chunks[1].heading == "Body"

@@ -58,7 +58,7 @@ def second_db(pg_server_url):
 def _snapshot(conn) -> dict:
     """Every table recall() reads, keyed by content (not by ids, which differ between databases), plus the
     id-level rows within one database."""
-    from kb_assets.query.stats import doc_vector_table
+    from kb_assets.store.spaces import doc_vector_table
     from kb_assets.store.spaces import active_space
 
     space = active_space(conn)
@@ -100,7 +100,7 @@ def test_index_built_by_dagster_with_checks_equals_full_recompute(tmp_path, db_u
     from kb_assets.config import load_config
     from kb_assets.embedding import make_embedder
     from kb_assets.pipeline import index_sources
-    from kb_assets.query.stats import refresh_query_stats
+    from kb_assets.pipeline.query_stats import refresh_query_stats
     from kb_assets.store.db import connect, open_database
 
     repo = tmp_path / "repo"

@@ -118,7 +118,7 @@ def measure(cfg_path: Path, sets: dict) -> dict:
     from kb_assets.query import Tuning, recall
     from kb_assets.query.metrics import evaluate
     from kb_assets.store.db import connect, open_database
-    from kb_assets.query.stats import doc_vector_table
+    from kb_assets.store.spaces import doc_vector_table
     from kb_assets.store.spaces import active_space
 
     cfg = load_config(cfg_path)

@@ -43,7 +43,7 @@ def _chunks(path: Path, text: str) -> list[tuple[str, str, int, int]]:
 
 def _load_corpus(conn, key: str = "regression") -> int:
     from kb_assets.embedding import LocalEmbedder
-    from kb_assets.query import refresh_query_stats
+    from kb_assets.pipeline.query_stats import refresh_query_stats
     from kb_assets.store.spaces import activate_space, ensure_space
 
     emb = LocalEmbedder()
@@ -117,7 +117,7 @@ def test_regression_set_through_the_pipeline(tmp_path, db_url):
 
     from kb_assets.config import load_config
     from kb_assets.embedding import make_embedder
-    from kb_assets.query import refresh_query_stats
+    from kb_assets.pipeline.query_stats import refresh_query_stats
     from kb_assets.signposts import make_signposter
     from kb_assets.store.db import connect
 

@@ -1,8 +1,8 @@
 """refresh_query_stats: keyword statistics and document vectors, incremental and idempotent."""
 from __future__ import annotations
 
-from kb_assets.query import refresh_query_stats
-from kb_assets.query.stats import doc_vector_table
+from kb_assets.pipeline.query_stats import refresh_query_stats
+from kb_assets.store.spaces import doc_vector_table
 from kb_assets_tests.test_query_support import Corpus
 
 
@@ -38,7 +38,7 @@ def test_refresh_builds_statistics_and_document_vectors(conn):
 
 def _expected(conn, space_table: str) -> dict:
     """What a refresh from scratch must give, computed independently (the pre-incremental SQL)."""
-    from kb_assets.query.stats import BOILERPLATE_DOCS
+    from kb_assets.pipeline.query_stats import BOILERPLATE_DOCS
 
     vectors = conn.execute(
         "WITH common AS (SELECT md5(text) AS t FROM chunks GROUP BY 1 HAVING count(DISTINCT document_id) > %s)"
@@ -98,7 +98,7 @@ FOOTER = "licensed under the apache licence version two see the notice file"
 
 
 def test_incremental_refresh_equals_recompute_from_scratch(conn, monkeypatch):
-    from kb_assets.query import stats
+    from kb_assets.pipeline import query_stats as stats
 
     c = Corpus(conn)
     words = ["celery", "kafka", "redis", "postgres", "vector", "lexeme", "ranking", "budget", "signpost",

@@ -75,6 +75,9 @@ class Corpus:
             " indexed_commit) VALUES (%s, %s, %s, %s, 'active', %s, %s, %s, %s, %s) RETURNING id",
             (source, path, kind, title or path.rsplit("/", 1)[-1], chash, json.dumps(meta or {}), body, file_sig,
              commit)).fetchone()[0]
+        # the documents stage's normalised columns (dates, status, tags), as sync_documents writes them
+        from kb_assets.pipeline.document_fields import write_fields
+        write_fields(self.conn, source, [(path, kind, meta or {}, file_sig)])
         line = 1
         for n, (t, heading) in enumerate(pairs):
             h = chunk_hash(heading, t)
@@ -99,5 +102,5 @@ class Corpus:
         return did
 
     def refresh(self):
-        from kb_assets.query import refresh_query_stats
+        from kb_assets.pipeline.query_stats import refresh_query_stats
         return refresh_query_stats(self.conn)

@@ -439,3 +439,23 @@ The reader loads the whole file into memory. We decided to stream rows with a ge
     assert d["rationale"] == "Memory stays flat at 40 MB that way."
     assert not any("never see this" in x["decision"] for x in p["key_decisions"])
     assert p["work_types"][0] == "session"
+
+
+def test_rst_section_titles_are_the_chunkers():
+    """The signposter's reST sections are the chunker's titles (one adornment parser): a simple table's border
+    under its header row is no title, nor an underline right under a paragraph's line (no blank line above); an overlined title and an underlined one of the same character are two
+    levels; the signposter's section list follows rst_titles line for line."""
+    from kb_assets.chunking.core import Lines
+    from kb_assets.chunking.rst import rst_titles
+    from kb_assets.signposts.extractive import parse_document
+
+    text = ("=======\nManual\n=======\n\nIntro text here.\n\nScope\n=====\n\nWhat it covers.\n\n"
+            "=====  =====\nName   Value\n=====  =====\nA      1\n=====  =====\n\n"
+            "Details\n-------\n\nThe details.\n\nA paragraph's first line\nand no title\n============\n\nMore.\n")
+    lines = text.split("\n")
+    parsed = parse_document(text)
+    want = [(title, level) for _a, _b, level, title in rst_titles(lines, 0, Lines(text))]
+    assert want[0] == ("Manual", 1) and ("Scope", 2) in want and ("Details", 3) in want
+    assert [("Manual", 1)] + [(s.title, s.level) for s in parsed.sections] == want
+    assert parsed.title == "Manual"
+    assert not any("Name" in s.title or "no title" in s.title for s in parsed.sections)

@@ -30,7 +30,7 @@ def test_artifacts_are_file_paths_not_slashed_words():
 
 
 def test_code_signpost_tables_exclude_cte_names():
-    for rel in ("kb_assets/query/engine.py", "kb_assets/query/stats.py"):
+    for rel in ("kb_assets/query/engine.py", "kb_assets/pipeline/query_stats.py"):
         text = (REPO / rel).read_text(encoding="utf-8")
         tables = extract_code(SignpostInput(rel, "code", rel, text, {}))["tables"]
         assert {"chunks", "documents"} <= set(tables), (rel, tables)

@@ -12,7 +12,7 @@ from kb_assets.models import SourceDocument
 from kb_assets.signposts.base import SignpostAuthError, SignpostResult
 from kb_assets.signposts.extractive import ExtractiveSignposter
 from kb_assets.signposts.gemini import GeminiSignposter
-from kb_assets.signposts.runner import (
+from kb_assets.pipeline.signposts import (
     AdaptiveLimit,
     current_signpost,
     current_signposts,

@@ -1,6 +1,7 @@
 """ADRs and PEPs from the real corpora (unpacked from /work/shared/corpora into a temp folder)."""
 from __future__ import annotations
 
+import re
 import tarfile
 from pathlib import Path
 
@@ -160,3 +161,40 @@ def test_madr_and_nygard_variants(tmp_path):
     assert (a4.meta["status"], a4.meta["date"], a4.meta["superseded_by"]) == (
         "Superseded", "2019-03-04", ["docs/adr/0005-use-postgres.md"])
     assert (a3.title, a3.meta["status"], a3.meta["superseded_by"]) == ("Use SQLite", "Rejected", ["ADR-5"])
+
+
+# --- issue 13 §1 reader fixes ---------------------------------------------------------------------------------
+
+def test_pep_replaces_and_superseded_by_name_the_padded_sibling_file_in_the_real_corpus():
+    """pep-3333.rst has no leading zero, yet its siblings are pep-0245.rst: every Replaces / Superseded-By number
+    of every shared PEP resolves to a file of the corpus (the unpadded pep-245.rst resolved to nothing)."""
+    import tarfile
+    from pathlib import Path
+
+    from kb_assets.sources.decisions import parse_pep
+
+    shared = Path(__file__).resolve().parents[1].parent / "shared" / "corpora"
+    archives = sorted(shared.glob("python-peps-*.tar.gz"))
+    if not archives:
+        pytest.skip("shared PEP corpus not found")
+    with tarfile.open(archives[0]) as tar:
+        texts = {m.name: tar.extractfile(m).read().decode() for m in tar
+                 if m.isfile() and re.search(r"/pep-\d+\.rst$", m.name)}
+    checked = 0
+    for name, text in texts.items():
+        meta = parse_pep(text, name)
+        for key in ("supersedes", "superseded_by"):
+            for target in meta.get(key, []):
+                checked += 1
+                assert target in texts, (name, key, target)
+    assert checked >= 20
+
+
+@pytest.mark.parametrize("raw, status", [
+    ("Not implemented", "Not Implemented"), ("not yet implemented", "Not Implemented"),
+    ("Implemented", "Implemented"), ("done", "Implemented"), ("Not accepted", "Rejected"),
+    ("Accepted (not deprecated)", "Accepted"), ("never accepted; rejected", "Rejected")])
+def test_a_negated_status_word_is_not_the_status(raw, status):
+    from kb_assets.sources.decisions import normalize_status
+
+    assert normalize_status(raw) == status

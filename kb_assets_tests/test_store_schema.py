@@ -79,7 +79,7 @@ def test_public_schema_install_moves_in_place_and_answers_the_same(tmp_path, bar
            [{k: s.get(k) for k in counts} for s in status_before]
 
     # the moved triggers still track changes: a re-index after an edit refreshes incrementally and exactly
-    from kb_assets.query.stats import refresh_query_stats
+    from kb_assets.pipeline.query_stats import refresh_query_stats
 
     with connect(url) as conn:
         conn.execute("DELETE FROM documents WHERE path = 'README.md'")

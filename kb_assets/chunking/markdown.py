@@ -14,7 +14,6 @@ import threading
 
 from kb_assets.chunking.core import Lines, Section, clipped, heading_path
 
-_FRONT_END = re.compile(r"^(?:---|\.\.\.)[ \t\r]*$", re.M)
 _LONE_CR = re.compile(r"\r(?!\n)")
 _MAX_NESTING = 20
 _NOT_SETEXT = re.compile(r"\s*(?:[-*+]|\d{1,9}[.)]|>)(?:\s|$)")
@@ -246,13 +245,12 @@ def block_structure(text: str) -> list[Block]:
 
 
 def _front_matter_lines(text: str, lines: Lines) -> int:
-    """Number of lines of a leading '---' ... '---' YAML block (0 when there is none)."""
-    if not text.startswith("---") or lines.count < 2 or lines.line(0).rstrip() != "---":
-        return 0
-    m = _FRONT_END.search(text, lines.starts[1], min(len(text), lines.starts[min(lines.count - 1, 300)] + 400))
-    if not m:
-        return 0
-    return lines.line_of(m.start()) + 1
+    """Number of lines of a leading front-matter block (0 when there is none), as the readers' one front-matter
+    parser bounds it (sources/textutil.front_matter_end), valid YAML or not."""
+    from kb_assets.sources.textutil import front_matter_end
+
+    end = front_matter_end(text)
+    return lines.line_of(end - 1) + 1 if end else 0
 
 
 def markdown_sections(text: str, lines: Lines, *, markers: bool = False) -> list[Section] | None:

@@ -190,7 +190,7 @@ def _signposter_kind() -> str:
 )
 def kb_signposts(context: dg.AssetExecutionContext, kb: KbResource) -> dg.MaterializeResult:
     from kb_assets.signposts.base import SignpostAuthError, SignpostQuotaError
-    from kb_assets.signposts.runner import run_signposts
+    from kb_assets.pipeline.signposts import run_signposts
 
     key = context.partition_key
     signposter = kb.signposter()

@@ -1,4 +1,5 @@
-"""The indexing stages as plain functions (no Dagster): documents → chunks → embeddings → signposts → projections.
+"""The indexing stages as plain functions (no Dagster): documents → chunks → embeddings → search index (with
+query_stats) → signposts → projections (with relations). `query/` only reads what these write.
 
 `kb_assets/defs/` wraps each stage in an asset; benchmarks and tests may call `index_sources` directly.
 """
@@ -64,7 +65,7 @@ def index_sources(cfg: KbConfig, conn, *, embedder, signposter=None, source_keys
                                     index_changed=changed, progress=progress)
         sp = None
         if signposter is not None:
-            from kb_assets.signposts.runner import run_signposts
+            from kb_assets.pipeline.signposts import run_signposts
 
             sp = run_signposts(conn, source.key, signposter)
         runs[source.key] = SourceRun(docs, chunks, emb, search, sp, round(time.perf_counter() - started, 3))

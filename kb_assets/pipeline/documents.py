@@ -217,6 +217,9 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
             blobs.close()
     writer.close()
     progress.done()
+    from kb_assets.pipeline.document_fields import fill_commit_dates, refill_stale
+
+    refill_stale(conn, source.key)     # rows stored before the fields existed (or by older rules): from meta
 
     if changes is not None:
         removed_names = {name(p) for p in diff_removed}
@@ -234,6 +237,7 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
     if stats.complete:
         conn.execute("UPDATE sources SET indexed_commit = %s, listed_at = now() WHERE key = %s",
                      (listing.commit, source.key))
+    fill_commit_dates(conn, source.key, root, listing.commit)   # documents with no date of their own
 
     reasons = Counter()
     for reason, n in conn.execute(
@@ -374,6 +378,10 @@ def _write(conn: psycopg.Connection, source_key: str, commit: str | None, rows: 
             for i, col in enumerate(_COLUMNS):
                 params[col] = [r[i] for r in rows]
             conn.execute(_UPSERT, params)
+            # The parse's normalised fields as columns (status, dates, tags), in the same transaction.
+            from kb_assets.pipeline.document_fields import write_fields
+
+            write_fields(conn, source_key, [(r[0], r[1], json.loads(r[8]), r[6]) for r in rows if r[3] == "active"])
             # The document's relations are part of its version: written in the same transaction.
             from kb_assets.pipeline.relations import replace_document_edges
 

@@ -51,7 +51,7 @@ def build_search_index(conn: psycopg.Connection, model: str, dimension: int, *,
 
 
 def _build_search_index(conn, model, dimension, *, refresh_query, index_changed, progress) -> SearchIndexStats:
-    from kb_assets.query import refresh_query_stats
+    from kb_assets.pipeline.query_stats import refresh_query_stats
 
     started = time.perf_counter()
     stats = SearchIndexStats(model=model, dimension=dimension)

@@ -39,7 +39,9 @@ class Edge:
 
 
 _ENTRIES = """
-SELECT d.id, d.source_key, d.path, d.kind, d.title, d.meta->>'status', d.meta->>'status_raw', d.meta->'tags',
+-- status: the documents stage's one normalisation (migration 007), the stored meta for a row not yet refilled
+SELECT d.id, d.source_key, d.path, d.kind, d.title, coalesce(d.doc_status, d.meta->>'status'),
+       coalesce(d.doc_status_raw, d.meta->>'status_raw'), d.meta->'tags',
        sp.payload->>'summary', sp.payload->'tags', sp.payload->>'status', sp.payload->'key_decisions'->0->>'decision',
        sp.payload->>'purpose', sp.payload->'key_functions', sp.payload->'tables',
        CASE WHEN sp.payload IS NULL THEN left(d.text, 3000) END

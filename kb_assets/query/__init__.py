@@ -13,11 +13,5 @@ from kb_assets.query.inputs import QueryInputError
 from kb_assets.query.records import Record, estimate_tokens
 
 __all__ = ["recall", "show", "RecallResult", "Record", "QueryError", "make_id", "parse_id", "render_show",
-           "estimate_tokens", "MODES", "Tuning", "DEFAULT_TUNING", "refresh_query_stats", "QueryInputError"]
+           "estimate_tokens", "MODES", "Tuning", "DEFAULT_TUNING", "QueryInputError"]
 
-
-def refresh_query_stats(conn, *, full: bool = False):
-    """Bring the keyword statistics and document vectors up to date after indexing (see kb_assets.query.stats);
-    `full=True` recomputes them from scratch."""
-    from kb_assets.query.stats import refresh_query_stats as _refresh
-    return _refresh(conn, full=full)

@@ -34,7 +34,7 @@ import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import date
 from typing import Any, Sequence
 
 from kb_assets.sources.safe_names import printable
@@ -279,40 +279,22 @@ def _as_list(v: str | Sequence[str] | None) -> list[str] | None:
 
 
 # --------------------------------------------------------------------------------------------------------
-# Dates in document metadata come in many spellings (ISO, "05-Jul-2001", "July 5, 2001", ...).
-_DATE_FORMATS = ("%d-%b-%Y", "%d-%B-%Y", "%d %b %Y", "%d %B %Y", "%b %d, %Y", "%B %d, %Y", "%Y/%m/%d",
-                 "%Y.%m.%d", "%d.%m.%Y", "%Y-%m")
-
-
-def parse_date(value: Any) -> date | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, datetime):
-        return value.date()
-    if isinstance(value, date):
-        return value
-    s = str(value).strip()
-    if not s:
-        return None
-    m = re.match(r"\d{4}-\d{2}-\d{2}", s)
-    if m:
-        try:
-            return date.fromisoformat(m.group(0))
-        except ValueError:
-            return None
-    s = s.split("(")[0].strip().rstrip(",")
-    for fmt in _DATE_FORMATS:
-        try:
-            return datetime.strptime(s, fmt).date()
-        except ValueError:
-            continue
-    return None
+# Dates: the one parser of the index (sources/dates.py), so a filter reads a date as the documents stage did.
+from kb_assets.sources.dates import parse_date  # noqa: E402
 
 
 def _meta_dates(meta: dict[str, Any]) -> tuple[str | None, str | None]:
     created = meta.get("created") or meta.get("date")
     updated = meta.get("updated") or meta.get("last_modified") or meta.get("modified")
     return _fmt_date(created), _fmt_date(updated)
+
+
+def _column_dates(created: date | None, updated: date | None, meta: dict[str, Any]) -> tuple[str | None, str | None]:
+    """A document's dates as the documents stage stored them (migration 007: created / updated, every active
+    document dated), the stored meta's for a row not yet refilled."""
+    if created is None and updated is None:
+        return _meta_dates(meta)
+    return (created.isoformat() if created else None), (updated.isoformat() if updated else None)
 
 
 def _fmt_date(v: Any) -> str | None:
@@ -342,7 +324,7 @@ class _Filters:
 
     @property
     def any_sql(self) -> bool:
-        return bool(self.sources or self.kinds or self.tags or self.path_prefix)
+        return bool(self.sources or self.kinds or self.tags or self.path_prefix) or self.any_date
 
     @property
     def any_date(self) -> bool:
@@ -369,6 +351,14 @@ class _Filters:
         if self.path_prefix:
             parts.append("starts_with(d.path, %(f_prefix)s)")
             params["f_prefix"] = self.path_prefix
+        # Dates in SQL, in every channel, over the whole index (migration 007: every document has one, its
+        # own or its commit's / file's). A document still without one (not re-indexed since) matches no range.
+        if self.since is not None:
+            parts.append("coalesce(d.updated, d.created) >= %(f_since)s")
+            params["f_since"] = self.since
+        if self.until is not None:
+            parts.append("coalesce(d.updated, d.created) <= %(f_until)s")
+            params["f_until"] = self.until
         return ("".join(" AND " + p for p in parts), params)
 
 
@@ -517,7 +507,7 @@ class _Searcher:
         model, dim, table, has_docs, n_stats, has_vector_index, n_est, n_filtered = row
         self.has_vector_index = bool(has_vector_index)
         if table is not None:
-            from kb_assets.query.stats import doc_vector_table
+            from kb_assets.store.spaces import doc_vector_table
             self.space = (model, int(dim), table)
             self.doc_table = doc_vector_table(table) if has_docs else None
         self.have_stats = n_stats is not None
@@ -747,7 +737,8 @@ def recall(queries: str | Sequence[str], *, config=None, limit: int | None = Non
                         params).fetchone()[0]:
             result.notice = "no indexed document matches the filters (" + ", ".join(
                 f"{k}={v}" for k, v in (("source", filters.sources), ("kind", filters.kinds),
-                                        ("tag", filters.tags), ("path_prefix", filters.path_prefix)) if v) + ")"
+                                        ("tag", filters.tags), ("path_prefix", filters.path_prefix),
+                                        ("since", filters.since), ("until", filters.until)) if v) + ")"
     searcher = _Searcher(conn, settings, tuning, filters)
     searcher.prepare(need_vectors=mode != "keyword")
     space = searcher.space
@@ -848,22 +839,8 @@ def recall(queries: str | Sequence[str], *, config=None, limit: int | None = Non
         hits_by_query.append(hits)
     search_s = time.perf_counter() - t0
 
-    # ---- date filter (metadata dates have free-form spellings: applied in Python on candidate documents)
+    # ---- the date filter ran in SQL with the others (documents.created / updated, migration 007)
     t0 = time.perf_counter()
-    if filters.any_date:
-        ids = sorted({h.doc_id for ranked in per_query for h in ranked})
-        metas = dict(conn.execute("SELECT id, meta FROM documents WHERE id = ANY(%s)", (ids,)).fetchall()) if ids else {}
-        keep = set()
-        for did, meta in metas.items():
-            d = _doc_date(meta or {})
-            if d is None:
-                continue
-            if filters.since and d < filters.since:
-                continue
-            if filters.until and d > filters.until:
-                continue
-            keep.add(did)
-        per_query = [[h for h in ranked if h.doc_id in keep] for ranked in per_query]
 
     # ---- threshold, sections, union over queries
     if tuning.gate:
@@ -972,7 +949,8 @@ _RECORD_SQL = """
 SELECT d.id, d.source_key, d.path, d.kind, d.title, d.meta, d.indexed_commit, d.file_sig,
        s.indexed_commit, s.root, sp.payload, st.generator, st.stale,
        CASE WHEN sp.payload IS NULL THEN left(d.text, 4000) END,
-       p.heading, p.start_line, p.end_line, left(p.text, 4000)
+       p.heading, p.start_line, p.end_line, left(p.text, 4000),
+       d.doc_status, d.created, d.updated
 FROM unnest(%s::bigint[], %s::bigint[]) AS x(did, cid)
 JOIN documents d ON d.id = x.did
 JOIN sources s ON s.key = d.source_key
@@ -991,7 +969,8 @@ def _fetch_records(conn, hits: list[_DocHit], fresh: Freshness, include_passage:
     cids = [h.best_chunk() if include_passage else None for h in hits]
     out: dict[int, dict] = {}
     for (did, src, path, kind, title, meta, dcommit, sig, scommit, root, payload, gen, sp_stale, head,
-         p_heading, p_start, p_end, p_text) in conn.execute(_RECORD_SQL, (ids, cids)).fetchall():
+         p_heading, p_start, p_end, p_text, doc_status, created, updated
+         ) in conn.execute(_RECORD_SQL, (ids, cids)).fetchall():
         meta = meta or {}
         if payload is None:
             payload = fallback_signpost(title, head, kind)
@@ -1001,6 +980,7 @@ def _fetch_records(conn, hits: list[_DocHit], fresh: Freshness, include_passage:
         out[did] = {
             "id": make_id(src, path), "source": src, "path": path, "kind": kind, "title": title or path,
             "meta": meta, "indexed_commit": dcommit or scommit, "payload": payload, "signpost_stale": bool(sp_stale),
+            "doc_status": doc_status, "dates": _column_dates(created, updated, meta),
             "stale": fresh.is_stale(root=root, source_commit=scommit, path=path, file_sig=sig),
         }
         if p_text is not None:
@@ -1011,7 +991,7 @@ def _fetch_records(conn, hits: list[_DocHit], fresh: Freshness, include_passage:
 
 def _make_record(base: dict, h: _DocHit, section: str, qidx: list[int]) -> Record:
     meta = base["meta"]
-    created, updated = _meta_dates(meta)
+    created, updated = base["dates"]
     payload = base["payload"]
     title = squash(base["title"])
     main = "purpose" if section == "code" else "summary"
@@ -1024,7 +1004,8 @@ def _make_record(base: dict, h: _DocHit, section: str, qidx: list[int]) -> Recor
     signpost, cut = budget_signpost(base["kind"], payload, section)
     if base["signpost_stale"]:
         signpost["stale"] = True
-    status = squash(meta.get("status") or base["payload"].get("status") or "")
+    # the documents stage's one normalised status (documents.doc_status), the stored meta's for a row not refilled
+    status = squash(base["doc_status"] or meta.get("status") or base["payload"].get("status") or "")
     rec = Record(
         id=base["id"], title=cut_words(base["title"], 120)[0], kind=base["kind"], source=base["source"],
         path=base["path"], score=h.score, status=status, created=created, updated=updated, signpost=signpost,
@@ -1065,7 +1046,8 @@ def show(doc_id: str, *, config=None, conn=None) -> dict[str, Any]:
         conn = _connection_for(_resolve_config(config))
     row = conn.execute(
         "SELECT d.id, d.source_key, d.path, d.kind, d.title, d.status, d.skip_reason, d.skip_detail, d.meta,"
-        " d.text, d.content_hash, d.indexed_commit, d.file_sig, d.updated_at, s.indexed_commit, s.root"
+        " d.text, d.content_hash, d.indexed_commit, d.file_sig, d.updated_at, s.indexed_commit, s.root,"
+        " d.doc_status, d.created, d.updated"
         " FROM documents d JOIN sources s ON s.key = d.source_key WHERE d.source_key = %s AND d.path = %s",
         (src, path)).fetchone()
     if row is None:
@@ -1075,7 +1057,7 @@ def show(doc_id: str, *, config=None, conn=None) -> dict[str, Any]:
         hint = ("; similar: " + ", ".join(ID_PREFIX + r[0] for r in near)) if near else ""
         raise QueryError(f"no document {make_id(src, path)} in the index{hint}")
     (did, src, path, kind, title, status, skip_reason, skip_detail, meta, text, chash, dcommit, sig, updated_at,
-     scommit, root) = row
+     scommit, root, doc_status, doc_created, doc_updated) = row
     sp = conn.execute(
         "SELECT sp.payload, st.generator, st.model, st.prompt_version, st.stale, st.content_hash FROM signpost_state st"
         " JOIN signposts sp ON sp.content_hash = st.content_hash AND sp.generator = st.generator"
@@ -1089,11 +1071,11 @@ def show(doc_id: str, *, config=None, conn=None) -> dict[str, Any]:
     chunks = [{"ordinal": o, "heading": h, "lines": [a, b], "tokens": t} for o, h, a, b, t in conn.execute(
         "SELECT ordinal, heading, start_line, end_line, token_count FROM chunks WHERE document_id = %s ORDER BY ordinal",
         (did,))]
-    created, updated = _meta_dates(meta or {})
+    created, updated = _column_dates(doc_created, doc_updated, meta or {})
     fresh = Freshness()
     return {
         "id": make_id(src, path), "source": src, "path": path, "kind": kind, "title": title,
-        "status": (meta or {}).get("status") or "", "index_status": status,
+        "status": doc_status or (meta or {}).get("status") or "", "index_status": status,
         "skip_reason": skip_reason, "skip_detail": skip_detail,
         "created": created, "updated": updated, "meta": meta or {}, "signpost": signpost,
         "indexed_commit": dcommit or scommit, "content_hash": chash,

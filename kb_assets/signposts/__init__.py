@@ -1,7 +1,7 @@
 """Signposts: per-document summaries, decisions with rationale and touched files.
 
 No Dagster here. `make_signposter(cfg)` gives the configured generator (extractive offline, Gemini in production);
-`run_signposts(conn, source_key, signposter)` brings one source's signposts up to date incrementally.
+the signposts stage (`kb_assets.pipeline.signposts.run_signposts`) brings one source's signposts up to date.
 """
 from kb_assets.signposts.base import (
     Signposter,

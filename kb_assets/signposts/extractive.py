@@ -38,7 +38,9 @@ MAX_WORK_TYPES = 5
 
 # Bump when the heuristics change: extractive signposts are then regenerated (cheaply) on the next run, without
 # touching LLM signposts. The schema version is part of it.
-ALGORITHM_VERSION = 2     # 2: rationales are reasons (issue 13 §4), artifacts are file paths, no CTE tables
+ALGORITHM_VERSION = 3     # 2: rationales are reasons (issue 13 §4), artifacts are file paths, no CTE tables;
+#                           3: markdown headings from the index's one heading parser (HTML blocks, indented ATX),
+#                              reST titles from the chunker's adornment parser (a simple-table border is no title)
 
 
 class ExtractiveSignposter:
@@ -185,7 +187,6 @@ class ParsedDoc:
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _ATX = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
-_RST_UNDERLINE = re.compile(r"^([=\-~^\"'`#*+<>:._])\1{2,}\s*$")
 _HEADER_FIELD = re.compile(r"^([A-Z][A-Za-z-]{1,30}):\s*(.*)$")
 _TABLE_ROW = re.compile(r"^\s*\|(.+)\|\s*$")
 _TABLE_SEP = re.compile(r"^\s*\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)*\|?\s*$")
@@ -195,25 +196,21 @@ _META_KEYS = {"status", "date", "tags", "author", "authors", "deciders", "type",
 
 
 def _parse_front_matter(lines: list[str]) -> tuple[dict[str, str], int]:
-    if not lines or lines[0].strip() != "---":
-        return {}, 0
-    for i in range(1, min(len(lines), 200)):
-        if lines[i].strip() in ("---", "..."):
-            block = "\n".join(lines[1:i])
-            try:
-                import yaml
+    """A leading YAML block, read by the readers' one front-matter parser (sources/textutil.split_front_matter);
+    the documents stage has already taken it off stored texts, so this sees one only in a text given directly."""
+    from kb_assets.sources.textutil import front_matter_end, split_front_matter
 
-                data = yaml.safe_load(block)
-            except Exception:
-                data = None
-            out: dict[str, str] = {}
-            if isinstance(data, dict):
-                for k, v in data.items():
-                    if isinstance(v, (list, tuple)):
-                        v = ", ".join(str(x) for x in v)
-                    out[str(k).strip().lower()] = str(v) if v is not None else ""
-            return out, i + 1
-    return {}, 0
+    text = "\n".join(lines)
+    end = front_matter_end(text)
+    if not end:
+        return {}, 0
+    data, _body, _error = split_front_matter(text)
+    out: dict[str, str] = {}
+    for k, v in data.items():
+        if isinstance(v, (list, tuple)):
+            v = ", ".join(str(x) for x in v)
+        out[str(k).strip().lower()] = str(v) if v is not None else ""
+    return out, text.count("\n", 0, end) + (0 if text[end - 1] == "\n" else 1)
 
 
 def _parse_header_fields(lines: list[str], start: int) -> tuple[dict[str, str], int]:
@@ -248,7 +245,44 @@ def _split_cells(line: str) -> list[str]:
     return [c.strip() for c in inner.split("|")]
 
 
-def parse_document(text: str, fallback_title: str = "") -> ParsedDoc:
+def _markdown_headings(lines: list[str]) -> dict[int, tuple[str, int, int]]:
+    """{0-based line: (title, level, lines consumed)} from the one heading parser of the index (the chunker's
+    markdown-it block scanner, also the readers' textutil.headings), for a markdown document."""
+    from kb_assets.chunking.markdown import _NOT_SETEXT, block_structure
+
+    out: dict[int, tuple[str, int, int]] = {}
+    try:
+        blocks = block_structure("\n".join(lines))
+    except Exception:
+        return out
+    for kind, a, b, level, title, _comment in blocks:
+        if kind == "heading":
+            out[a] = (title.strip(), level, 1)
+        elif kind == "setext":
+            t = " ".join(lines[k].strip() for k in range(a, b - 1))
+            if t and not _NOT_SETEXT.match(t):
+                out[a] = (t, level, b - a)
+    return out
+
+
+def _rst_headings(lines: list[str], start: int) -> dict[int, tuple[str, int, int]]:
+    """{0-based line: (title, level, lines consumed)} of the reST section titles from line `start` on, from the
+    index's one adornment parser (the chunker's chunking/rst.rst_titles: docutils' rules, levels in order of
+    first appearance, an overlined style distinct from the same underline alone)."""
+    from kb_assets.chunking.core import Lines
+    from kb_assets.chunking.rst import rst_titles
+
+    text = "\n".join(lines)
+    try:
+        titles = rst_titles(lines, start, Lines(text))
+    except Exception:
+        return {}
+    return {first: (title, level, end - first) for first, end, level, title in titles}
+
+
+def parse_document(text: str, fallback_title: str = "", *, markdown: bool = False) -> ParsedDoc:
+    """markdown: headings come from the index's one markdown heading parser; else ATX lines and the reST titles
+    of the chunker's adornment parser."""
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     header, pos = _parse_front_matter(lines)
     fields, pos2 = _parse_header_fields(lines, pos)
@@ -259,11 +293,12 @@ def parse_document(text: str, fallback_title: str = "") -> ParsedDoc:
     sections: list[Section] = []
     preamble: list[str] = []
     prose: list[str] = []
-    rst_levels: dict[str, int] = {}
     in_fence = False
     fence_mark = ""
     i = pos
     current: Section | None = None
+    md_heads = _markdown_headings(lines) if markdown else None
+    rst_heads = {} if markdown else _rst_headings(lines, pos)
 
     def add_line(line: str) -> None:
         (current.lines if current is not None else preamble).append(line)
@@ -285,31 +320,16 @@ def parse_document(text: str, fallback_title: str = "") -> ParsedDoc:
             continue
         heading: tuple[str, int] | None = None
         consumed = 1
-        m = _ATX.match(line)
-        if m:
+        m = None if md_heads is not None else _ATX.match(line)
+        if md_heads is not None:
+            if i in md_heads:
+                title_text, level, consumed = md_heads[i]
+                heading = (title_text, level)
+        elif m:
             heading = (m.group(2), len(m.group(1)))
-        elif (line.strip() and i + 1 < len(lines) and not line.startswith((" ", "\t"))
-              and _RST_UNDERLINE.match(lines[i + 1])
-              and len(lines[i + 1].rstrip()) >= min(len(line.rstrip()), 3)
-              and not _TABLE_ROW.match(line) and not line.lstrip().startswith(("-", "*", "|", ".."))):
-            ch = lines[i + 1].strip()[0]
-            overline = i > 0 and lines[i - 1].strip() and lines[i - 1].strip()[0] == ch and \
-                _RST_UNDERLINE.match(lines[i - 1])
-            mark = ("o" if overline else "u") + ch
-            if ch in "=-" and mark not in rst_levels and not rst_levels:
-                level = 1 if ch == "=" else 2
-            else:
-                level = rst_levels.get(mark, len(rst_levels) + 1)
-            rst_levels.setdefault(mark, level)
-            heading = (line.strip(), level)
-            consumed = 2
-        elif _RST_UNDERLINE.match(line) and i + 2 < len(lines) and lines[i + 1].strip() and \
-                _RST_UNDERLINE.match(lines[i + 2]) and lines[i + 2].strip()[0] == line.strip()[0]:
-            # over-and-underlined title
-            mark = "o" + line.strip()[0]
-            level = rst_levels.setdefault(mark, len(rst_levels) + 1)
-            heading = (lines[i + 1].strip(), level)
-            consumed = 3
+        elif i in rst_heads:
+            title_text, level, consumed = rst_heads[i]
+            heading = (title_text, level)
         if heading:
             htext = clean_inline(heading[0])
             if not title and heading[1] == 1 and not sections and not any(l.strip() for l in preamble
@@ -1274,9 +1294,13 @@ def _session_summary(doc: SignpostInput, parsed: ParsedDoc, artifacts: list[str]
     return shorten(text, SUMMARY_CHARS)
 
 
+_MARKDOWN_SUFFIXES = frozenset({".md", ".markdown", ".mdx", ".mdown", ".mkd", ".mkdn", ".ipynb"})
+
+
 def extract_document(doc: SignpostInput) -> dict:
     meta = doc.meta or {}
-    parsed = parse_document(doc.text, fallback_title=doc.title or PurePosixPath(doc.path).stem)
+    parsed = parse_document(doc.text, fallback_title=doc.title or PurePosixPath(doc.path).stem,
+                            markdown=PurePosixPath(doc.path.split("#", 1)[0]).suffix.lower() in _MARKDOWN_SUFFIXES)
     title = doc.title or parsed.title or PurePosixPath(doc.path).stem
     artifacts = extract_artifacts(doc.text, meta)
     if doc.kind in ("transcript", "session") and (meta.get("session_id") or meta.get("turns")

@@ -29,6 +29,7 @@ _STATUS_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Deprecated", ("deprecated", "deprecate", "retired", "obsolete", "sunset")),
     ("Rejected", ("rejected", "declined", "refused", "not accepted")),
     ("Withdrawn", ("withdrawn", "abandoned", "cancelled", "canceled")),
+    ("Not Implemented", ("not implemented", "not yet implemented", "unimplemented")),
     ("Partially Implemented", ("partially implemented", "partly implemented")),
     ("Implemented", ("implemented", "done", "completed", "complete", "shipped", "released")),
     ("Final", ("final",)),
@@ -41,6 +42,7 @@ _STATUS_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
                   "rfc", "suggested", "review")),
 )
 STATUS_WORDS = tuple(w for w, _ in _STATUS_RULES)
+_NEGATED = re.compile(r"(?:^|[^a-z])(?:not|never|no longer)\s+(?:yet\s+|be(?:en)?\s+)?$")
 
 
 def normalize_status(raw: str | None) -> str | None:
@@ -51,7 +53,10 @@ def normalize_status(raw: str | None) -> str | None:
         return None
     for canonical, words in _STATUS_RULES:
         for w in words:
-            if re.search(r"(?<![a-z])" + re.escape(w) + r"(?![a-z])", low):
+            for m in re.finditer(r"(?<![a-z])" + re.escape(w) + r"(?![a-z])", low):
+                # "not deprecated", "never accepted": the word is negated, it is not the status
+                if not w.startswith(("not ", "un")) and _NEGATED.search(low[:m.start()]):
+                    continue
                 return "Rejected" if canonical == "April Fool!" else canonical
     first = re.split(r"[\s,.;:(]", low, maxsplit=1)[0]
     return first[:1].upper() + first[1:] if first else None
@@ -85,8 +90,11 @@ class RefResolver:
             stem, ext = name, ""
         self.ext = ext
         m = _NUM_STEM_RE.match(stem)
-        # Sibling naming "ADR-12.md" / "pep-0008.rst": prefix + (zero padded) number.
-        self.sibling = (m.group(1), len(m.group(2)) if m.group(2).startswith("0") else 0) if m else None
+        # Sibling naming "ADR-12.md" / "pep-0008.rst": prefix + (zero padded) number. Four digits or more
+        # are a fixed width even without a leading zero: pep-3333.rst names its siblings pep-0245.rst.
+        digits = m.group(2) if m else ""
+        self.sibling = (m.group(1), len(digits) if digits.startswith("0") or len(digits) >= 4 else 0) \
+            if m else None
         fm = _FILE_NUM_RE.match(name)
         self.number = int(fm.group(1)) if fm else None   # this document's own number (no self-references)
 

@@ -9,12 +9,8 @@ from typing import Any
 
 # --- dates -----------------------------------------------------------------------------------------
 
-_MONTHS = {m: i for i, m in enumerate(
-    ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"], start=1)}
-_ISO_RE = re.compile(r"(?<!\d)((?:19|20)\d{2})[-/.]([01]?\d)[-/.]([0-3]?\d)(?!\d)")
-_DMY_NAME_RE = re.compile(r"(?<!\d)([0-3]?\d)[-\s/.]([A-Za-z]{3,9})[-\s/.,]+((?:19|20)\d{2})(?!\d)")
-_MDY_NAME_RE = re.compile(r"\b([A-Za-z]{3,9})\.?\s+([0-3]?\d)(?:st|nd|rd|th)?,?\s+((?:19|20)\d{2})(?!\d)")
-_COMPACT_RE = re.compile(r"(?<!\d)((?:19|20)\d{2})([01]\d)([0-3]\d)(?!\d)")
+# The one date parser lives in sources/dates.py (re-exported here for the readers).
+from kb_assets.sources.dates import normalize_date  # noqa: E402,F401
 
 
 def _mk(y: int, m: int, d: int) -> str | None:
@@ -22,33 +18,6 @@ def _mk(y: int, m: int, d: int) -> str | None:
         return dt.date(y, m, d).isoformat()
     except ValueError:
         return None
-
-
-def normalize_date(value: Any) -> str | None:
-    """An ISO date (YYYY-MM-DD) from a date, datetime, or text such as 2017-07-14, 2024/07/17,
-    05-Jul-2001, July 5, 2001, 20260131; None when no date is recognisable."""
-    if value is None:
-        return None
-    if isinstance(value, dt.datetime):
-        return value.date().isoformat()
-    if isinstance(value, dt.date):
-        return value.isoformat()
-    s = str(value).strip()
-    if not s or len(s) > 200:
-        return None
-    m = _ISO_RE.search(s)
-    if m:
-        return _mk(int(m.group(1)), int(m.group(2)), int(m.group(3)))
-    m = _DMY_NAME_RE.search(s)
-    if m and m.group(2)[:3].lower() in _MONTHS:
-        return _mk(int(m.group(3)), _MONTHS[m.group(2)[:3].lower()], int(m.group(1)))
-    m = _MDY_NAME_RE.search(s)
-    if m and m.group(1)[:3].lower() in _MONTHS:
-        return _mk(int(m.group(3)), _MONTHS[m.group(1)[:3].lower()], int(m.group(2)))
-    m = _COMPACT_RE.search(s)
-    if m:
-        return _mk(int(m.group(1)), int(m.group(2)), int(m.group(3)))
-    return None
 
 
 _NAME_DATE_RE = re.compile(r"(?<!\d)((?:19|20)\d{2})[-_.]?([01]\d)[-_.]?([0-3]\d)(?!\d)")
@@ -69,21 +38,41 @@ def date_from_name(path: str) -> str | None:
 FRONT_MATTER_MAX = 64 * 1024
 
 
+_FRONT_OPEN = re.compile(r"---[ \t\r]*(?:\n|$)")
+_FRONT_CLOSE = re.compile(r"^(?:---|\.\.\.)[ \t\r]*$", re.M)
+
+
+def front_matter_end(text: str) -> int:
+    """Where a leading front-matter block ends: the offset just past its closing line, 0 when there is none.
+
+    The one rule for readers and chunker: a '---' line at the very top, closed by the next '---' or '...'
+    line (YAML's document end) within FRONT_MATTER_MAX characters. Whether the YAML inside is valid does not
+    matter here: the block is the block (split_front_matter reports bad YAML; the chunker keeps it apart)."""
+    opening = _FRONT_OPEN.match(text)
+    if not opening:
+        return 0
+    closing = _FRONT_CLOSE.search(text, opening.end(), min(len(text), FRONT_MATTER_MAX))
+    if not closing:
+        return 0
+    newline = text.find("\n", closing.end())
+    return len(text) if newline < 0 else newline + 1
+
+
 def split_front_matter(text: str) -> tuple[dict[str, Any], str, str | None]:
-    """(metadata, body, error). YAML front matter between '---' lines at the very top (python-frontmatter's
-    YAML handler, i.e. yaml.SafeLoader). Bad YAML leaves the text untouched and returns the error."""
-    if not text.startswith("---"):
+    """(metadata, body, error). YAML front matter as front_matter_end finds it, loaded by python-frontmatter's
+    YAML handler (yaml.SafeLoader). Bad YAML leaves the text untouched and returns the error."""
+    end = front_matter_end(text)
+    if not end:
         return {}, text, None
-    end = text.find("\n---", 3)
-    if end < 0 or end > FRONT_MATTER_MAX or text[3:4] not in ("\n", " ", "\t"):
-        return {}, text, None
+    closing = _FRONT_CLOSE.search(text, 3, end)
     try:
-        import frontmatter
-        post = frontmatter.loads(text)
+        from frontmatter.default_handlers import YAMLHandler
+
+        data = YAMLHandler().load(text[3:closing.start()])
     except Exception as exc:  # yaml errors, odd types
         return {}, text, f"front matter is not valid YAML: {str(exc).splitlines()[0][:200]}"
-    meta = post.metadata if isinstance(post.metadata, dict) else {}
-    return json_safe(meta), post.content, None
+    meta = data if isinstance(data, dict) else {}
+    return json_safe(meta), text[end:].strip(), None
 
 
 def json_safe(value: Any, depth: int = 0, budget: list[int] | None = None) -> Any:
@@ -142,50 +131,21 @@ def headings(lines: list[str]) -> list[Heading]:
 
 
 def iter_headings(lines: list[str]) -> Iterator[Heading]:
-    """headings(), one at a time (a caller that needs only the first one stops early)."""
-    fence: str | None = None
-    in_comment = False
-    prev_text: str | None = None
-    for i, line in enumerate(lines):
-        if not line:
-            prev_text = None
-            continue
-        c = line[0]
-        if fence is not None:
-            if (c == fence[0] or c == " ") and line.lstrip().startswith(fence):
-                fence = None
-            continue
-        if in_comment:
-            if "-->" in line:
-                in_comment = False
-            continue
-        if c not in "#`~<=- ":     # the common case: a plain text line
-            prev_text = line.strip() if c not in "|>*+" else None
-            continue
-        stripped = line.strip()
-        if not stripped:
-            prev_text = None
-            continue
-        if stripped.startswith("<!--") and "-->" not in stripped[4:]:
-            in_comment = True
-            prev_text = None
-            continue
-        fm = _FENCE_RE.match(line)
-        if fm:
-            fence = fm.group(1)[0] * len(fm.group(1))
-            prev_text = None
-            continue
-        m = _ATX_RE.match(line) if stripped[0] == "#" and len(line) < 2000 else None
-        if m:
-            yield Heading(i + 1, len(m.group(1)), (m.group(2) or "").strip())
-            prev_text = None
-            continue
-        sm = _SETEXT_RE.match(line) if stripped[0] in "=-" else None
-        if sm and prev_text is not None and len(prev_text) < 300:
-            yield Heading(i, 1 if sm.group(1)[0] == "=" else 2, prev_text)
-            prev_text = None
-            continue
-        prev_text = stripped if not stripped.startswith(("|", ">", "-", "*", "<", "+")) else None
+    """headings(), one at a time: the chunker's heading parser (chunking/markdown.block_structure, markdown-it's
+    block rules), so the readers, the titles and the chunks' heading paths see the same headings."""
+    from kb_assets.chunking.markdown import _NOT_SETEXT, block_structure
+
+    try:
+        blocks = block_structure("\n".join(lines))
+    except Exception:      # hostile input: no headings rather than no document
+        return
+    for kind, a, b, level, title, _comment in blocks:
+        if kind == "heading":
+            yield Heading(a + 1, level, title.strip())
+        elif kind == "setext":
+            text = " ".join(lines[k].strip() for k in range(a, b - 1))
+            if text and not _NOT_SETEXT.match(text) and len(text) < 300:
+                yield Heading(b - 1, level, text)
 
 
 def clean_inline(text: str) -> str:

@@ -102,7 +102,7 @@ def move_from_public(conn: psycopg.Connection, schema: str, migrations: list[tup
         return []   # someone else's schema_migrations table
     tables, functions = _migration_objects(migrations)
     if conn.execute("SELECT to_regclass('public.embedding_spaces') IS NOT NULL").fetchone()[0]:
-        from kb_assets.query.stats import doc_vector_table
+        from kb_assets.store.spaces import doc_vector_table
 
         for (table,) in conn.execute("SELECT table_name FROM public.embedding_spaces").fetchall():
             tables += [table, doc_vector_table(table)]

@@ -15,6 +15,11 @@ from kb_assets.store.locks import ddl_lock
 _SLUG = re.compile(r"[^a-z0-9]+")
 
 
+def doc_vector_table(space_table: str) -> str:
+    """The document-vector table beside a space (written by pipeline.query_stats, read by the query)."""
+    return f"{space_table}_docs"[:63]
+
+
 def _table_name(space_id: int, model: str, dim: int) -> str:
     slug = _SLUG.sub("_", model.lower()).strip("_")[:30]
     return f"embeddings_{space_id}_{slug}_{dim}"

@@ -121,7 +121,7 @@ def status_report(conn: psycopg.Connection, configured: list[str], config=None) 
     rows = source_status(conn, None, config=config)
     failures: dict[str, list] = {}
     try:
-        from kb_assets.signposts.runner import signpost_failures
+        from kb_assets.pipeline.signposts import signpost_failures
 
         for r in rows:
             failures[r["source"]] = signpost_failures(conn, r["source"])

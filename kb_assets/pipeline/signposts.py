@@ -1,4 +1,4 @@
-"""Run a signposter over one source's documents, incrementally and safely.
+"""Stage: run a signposter over one source's documents, incrementally and safely.
 
 - Only documents whose (content_hash, generator, model, prompt_version) differs from the signpost they show are
   done; a second run over unchanged sources makes no LLM call.

@@ -1,4 +1,4 @@
-"""What the query needs beyond the index proper, refreshed after indexing by `refresh_query_stats(conn)`:
+"""Stage (part of the search index): what the query needs beyond the index proper, refreshed after indexing by `refresh_query_stats(conn)`:
 
 - lexeme_stats / query_stats: per-lexeme chunk frequencies (IDF for long keyword queries);
 - a document-vector table beside the active space (`<space table>_docs`): one vector per document, the mean
@@ -30,6 +30,8 @@ import time
 
 from psycopg import sql
 
+from kb_assets.store.spaces import doc_vector_table  # noqa: F401  (its name lives with the spaces)
+
 
 BOILERPLATE_DOCS = 8   # the query ignores vector hits on chunks shared by more documents than this
 STATS_LOCK_ID = 0x6B62_0002     # chunk writers: shared (trigger kb_chunks_writer_lock); a refresh: exclusive
@@ -37,10 +39,6 @@ PREPARE_LOCK_ID = 0x6B62_0003   # creating a space's document-vector table, its 
 FULL_FRACTION = 0.5    # more changed chunks than this share of all (and FULL_MIN_CHUNKS): recompute from
 FULL_MIN_CHUNKS = 5000  # scratch, which is then cheaper than applying the deltas
 BULK_DOCUMENTS = 500    # more documents' vectors to recompute than this: one pass over all chunks
-
-
-def doc_vector_table(space_table: str) -> str:
-    return f"{space_table}_docs"[:63]
 
 
 def refresh_query_stats(conn, *, full: bool = False) -> dict:
