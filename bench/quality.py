@@ -150,10 +150,12 @@ def judged_subset(tar_glob: str, pattern: str, judged: set[str], every: int) -> 
 
 
 # The shared CPU embeds 1-5 chunks/s (load 10-18 from other work), so the big sets run on fixed subsets:
-RFC_QUERY_EVERY = 1   # rust_rfcs: every query (45), ...
-RFC_EVERY = 20        # ... the RFCs they are judged against + every 20th other RFC (full: 648, ~17.5K chunks)
-PEP_QUERY_EVERY = 4   # peps_whatsnew: every 4th query (61 of 244), ...
-PEP_EVERY = 25        # ... the PEPs they are judged against + every 25th other PEP (full: 736, ~17.8K chunks)
+# Full sets by default; KB_QUALITY_SUBSET=1 restores last session's documented subsets (for a loaded machine).
+_SUBSET = os.environ.get("KB_QUALITY_SUBSET") == "1"
+RFC_QUERY_EVERY = 1                     # rust_rfcs: every query (45), ...
+RFC_EVERY = 20 if _SUBSET else 1        # ... every RFC (subset: judged + every 20th other; full 648, ~17.5K chunks)
+PEP_QUERY_EVERY = 4 if _SUBSET else 1   # peps_whatsnew: all 244 queries (subset: every 4th, 61), ...
+PEP_EVERY = 25 if _SUBSET else 1        # ... every PEP (subset: judged + every 25th other; full 736, ~17.8K chunks)
 
 
 def rfc_subset(every: int = RFC_EVERY) -> list[str]:

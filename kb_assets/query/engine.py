@@ -400,6 +400,23 @@ def _aggregate(scores: list[tuple[float, int]], cap: int, decay: float) -> float
     return sum(s * (decay ** i) for i, s in enumerate(top)) if top else 0.0
 
 
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:[./-][A-Za-z_][A-Za-z0-9_]*)*")
+_COMPOUND = re.compile(r"[a-z0-9][A-Z]|[A-Za-z0-9][./_-][A-Za-z]")
+
+
+def identifier_words(text: str) -> str:
+    """The parts of every camelCase, snake_case, dotted or path-like word of `text` (`getUserName` ->
+    "get User Name", `httpx/_client.py` -> "httpx client py"): what migration 009's kb_identifier_words adds
+    to each chunk's tsvector, so a query finds them by their parts."""
+    out = []
+    for w in _IDENTIFIER.findall(text):
+        if not _COMPOUND.search(w):
+            continue
+        w = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", w))
+        out += [p for p in re.split(r"[ ./_-]+", w) if len(p) > 1]
+    return " ".join(out)
+
+
 def _tsquery_literal(lexeme: str) -> str:
     return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
 
@@ -570,6 +587,8 @@ class _Searcher:
         return base.replace("{filter_join}", join)
 
     def keyword_params(self, text: str) -> dict[str, Any]:
+        parts = identifier_words(text)     # the query's identifiers by their parts too (migration 009)
+        text = f"{text} {parts}" if parts else text
         p: dict[str, Any] = {"wts": list(self.t.rank_weights), "cap": self.s.per_document_chunks,
                              "kw_window": self.t.keyword_window}
         if self.t.keyword_bm25:
