@@ -615,15 +615,16 @@ CANDIDATE = "default"
 VARIANTS: dict[str, tuple[dict, dict]] = {
     "before": (BEFORE, {}),
     "bm25": ({**BEFORE, "keyword_bm25": True}, {}),
-    "bm25_terms48": ({**BEFORE, "keyword_bm25": True, "keyword_max_terms": 48, "keyword_postings": 12000,
-                      "keyword_max_df": 0.4}, {}),
-    "default": ({}, {}),   # bm25_terms48 + gate_strong_floor
+    "default": ({}, {}),   # BM25, 48 lexemes / 12,000 postings / df 0.4, gate_strong_floor (+ identifiers split)
+    "default_terms24": ({"keyword_max_terms": 24, "keyword_postings": 6000, "keyword_max_df": 0.2}, {}),
+    "default_title0.25": ({"title_weight": 0.25}, {}),
     "default_title0.5": ({"title_weight": 0.5}, {}),
+    "default_title1": ({"title_weight": 1.0}, {}),
+    "default_b0.5": ({"bm25_b": 0.5}, {}),
     "default_kw1.5": ({}, {"keyword_weight": 1.5}),
     "default_doc0.5": ({}, {"document_weight": 0.5}),
     "default_decay0": ({"doc_decay": 0.0}, {}),
     "default_rrf20": ({}, {"rrf_k": 20}),
-    "default_open0.5": ({"opening_weight": 0.5}, {}),
 }
 
 

@@ -460,8 +460,10 @@ _KEYWORD_BM25_TAIL = (
     "  * dt.tf * (%(k1)s + 1) / (dt.tf + %(k1)s * (1 - %(b)s + %(b)s * octet_length(d.text) / %(avgdl)s))) AS s"
     "  FROM dt JOIN ddf USING (lexeme) JOIN documents d ON d.id = dt.document_id WHERE d.status = 'active'{filter}"
     "  GROUP BY dt.document_id),"
-    " best AS (SELECT DISTINCT ON (document_id) document_id, id, cov FROM ch ORDER BY document_id, cov DESC, id),"
-    " top AS (SELECT ds.document_id, ds.s FROM ds ORDER BY ds.s DESC, ds.document_id LIMIT %(kw_window)s){title}"
+    " top AS (SELECT ds.document_id, ds.s FROM ds ORDER BY ds.s DESC, ds.document_id LIMIT %(kw_window)s),"
+    # the best chunk of the window's documents only (not of every matching document)
+    " best AS (SELECT DISTINCT ON (ch.document_id) ch.document_id, ch.id, ch.cov FROM ch"
+    "  WHERE ch.document_id IN (SELECT document_id FROM top) ORDER BY ch.document_id, ch.cov DESC, ch.id){title}"
     " SELECT best.id, top.document_id, d.kind, top.s{title_score},"
     " best.cov, (SELECT sum(idf) FROM allw), (SELECT count(*) FROM sel)"
     " FROM top JOIN best USING (document_id) JOIN documents d ON d.id = top.document_id{title_join} ORDER BY 4 DESC, 2")
