@@ -612,6 +612,7 @@ def score(run: dict[str, list[str]], qrels) -> dict[str, float]:
 BEFORE = {"keyword_bm25": False, "keyword_max_terms": 24, "keyword_postings": 6000, "keyword_max_df": 0.2,
           "gate_strong_floor": False}
 CANDIDATE = "default"
+GATE_VARIANTS = ("before", "default", "default_title0.5", "default_title1")   # also measured with the gate on
 VARIANTS: dict[str, tuple[dict, dict]] = {
     "before": (BEFORE, {}),
     "bm25": ({**BEFORE, "keyword_bm25": True}, {}),
@@ -700,7 +701,7 @@ def evaluate_set(es: EvalSet, info: dict, model, *, variants: list[str] | None =
                            gate=False)
             res["variants"][name] = {m: score(run, qrels) for m, run in runs.items()}
             res["variants"][name]["per_query_hybrid"] = _per_query(runs["hybrid"], qrels)
-            if name in ("before", "bm25_terms48", CANDIDATE):
+            if name in GATE_VARIANTS:
                 g = kb_runs(es, vcfg, conn, emb, queries, modes=("hybrid",), tuning=Tuning(**tfields), gate=True)
                 res["variants"][name]["hybrid_gate_on"] = score(g["hybrid"], qrels)
                 res["variants"][name]["off_topic_results"] = off_topic_counts(es, vcfg, conn, emb, Tuning(**tfields))
@@ -752,7 +753,7 @@ def render_variants(results: dict, loso: list[dict] | None) -> str:
     lines.append("")
     lines.append("Gate on (hybrid nDCG@10 / Recall@100, and results returned for each off-topic query):")
     lines.append("")
-    for n in ("before", "bm25_terms48", CANDIDATE):
+    for n in GATE_VARIANTS:
         cells = []
         for s in sets:
             v = results[s]["variants"].get(n, {})
