@@ -74,10 +74,12 @@ class Tuning:
     # term frequency is the number of its chunks holding the term (saturating with bm25_k1), its length the
     # bytes of its text against the mean (bm25_b), IDF over documents; plus title_weight × the IDF of the
     # query lexemes in its title (or path, split on / _ . and camelCase). False: the chunk-level IDF sum.
+    # title_weight 0.25 since 2026-12-01 (bench/quality.py variants): PEPs +0.009 hybrid nDCG@10, code and the
+    # regression set unchanged; 0.5 gains PEPs +0.021 but costs code 0.007 (docs/QUALITY.md).
     keyword_bm25: bool = True
     bm25_k1: float = 1.2
     bm25_b: float = 0.75
-    title_weight: float = 0.0
+    title_weight: float = 0.25
     # A fourth ranking in the fusion: each candidate document's opening (its first chunk: title, front
     # matter, first window) against the query, weighted so (0: off). Scored for the candidates only.
     opening_weight: float = 0.0
