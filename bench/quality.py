@@ -610,15 +610,16 @@ def score(run: dict[str, list[str]], qrels) -> dict[str, float]:
 # Relative to the defaults before this work (chunk-level IDF keyword channel, 24 lexemes / 6,000 postings /
 # df 0.2, relative gate for every query):
 BEFORE = {"keyword_bm25": False, "keyword_max_terms": 24, "keyword_postings": 6000, "keyword_max_df": 0.2,
-          "gate_strong_floor": False}
+          "gate_strong_floor": False, "title_weight": 0.0}
 CANDIDATE = "default"
-GATE_VARIANTS = ("before", "default", "default_title0.5", "default_title1")   # also measured with the gate on
+GATE_VARIANTS = ("before", "default", "default_title0", "default_title0.5")   # also measured with the gate on
 VARIANTS: dict[str, tuple[dict, dict]] = {
     "before": (BEFORE, {}),
     "bm25": ({**BEFORE, "keyword_bm25": True}, {}),
-    "default": ({}, {}),   # BM25, 48 lexemes / 12,000 postings / df 0.4, gate_strong_floor (+ identifiers split)
+    # BM25, 48 lexemes / 12,000 postings / df 0.4, gate_strong_floor, title weight 0.25 (+ identifiers split)
+    "default": ({}, {}),
     "default_terms24": ({"keyword_max_terms": 24, "keyword_postings": 6000, "keyword_max_df": 0.2}, {}),
-    "default_title0.25": ({"title_weight": 0.25}, {}),
+    "default_title0": ({"title_weight": 0.0}, {}),
     "default_title0.5": ({"title_weight": 0.5}, {}),
     "default_title1": ({"title_weight": 1.0}, {}),
     "default_b0.5": ({"bm25_b": 0.5}, {}),
