@@ -150,10 +150,12 @@ def judged_subset(tar_glob: str, pattern: str, judged: set[str], every: int) -> 
 
 
 # The shared CPU embeds 1-5 chunks/s (load 10-18 from other work), so the big sets run on fixed subsets:
-RFC_QUERY_EVERY = 1   # rust_rfcs: every query (45), ...
-RFC_EVERY = 20        # ... the RFCs they are judged against + every 20th other RFC (full: 648, ~17.5K chunks)
-PEP_QUERY_EVERY = 4   # peps_whatsnew: every 4th query (61 of 244), ...
-PEP_EVERY = 25        # ... the PEPs they are judged against + every 25th other PEP (full: 736, ~17.8K chunks)
+# Full sets by default; KB_QUALITY_SUBSET=1 restores last session's documented subsets (for a loaded machine).
+_SUBSET = os.environ.get("KB_QUALITY_SUBSET") == "1"
+RFC_QUERY_EVERY = 1                     # rust_rfcs: every query (45), ...
+RFC_EVERY = 20 if _SUBSET else 1        # ... every RFC (subset: judged + every 20th other; full 648, ~17.5K chunks)
+PEP_QUERY_EVERY = 4 if _SUBSET else 1   # peps_whatsnew: all 244 queries (subset: every 4th, 61), ...
+PEP_EVERY = 25 if _SUBSET else 1        # ... every PEP (subset: judged + every 25th other; full 736, ~17.8K chunks)
 
 
 def rfc_subset(every: int = RFC_EVERY) -> list[str]:
@@ -608,20 +610,23 @@ def score(run: dict[str, list[str]], qrels) -> dict[str, float]:
 # Relative to the defaults before this work (chunk-level IDF keyword channel, 24 lexemes / 6,000 postings /
 # df 0.2, relative gate for every query):
 BEFORE = {"keyword_bm25": False, "keyword_max_terms": 24, "keyword_postings": 6000, "keyword_max_df": 0.2,
-          "gate_strong_floor": False}
+          "gate_strong_floor": False, "title_weight": 0.0}
 CANDIDATE = "default"
+GATE_VARIANTS = ("before", "default", "default_title0", "default_title0.5")   # also measured with the gate on
 VARIANTS: dict[str, tuple[dict, dict]] = {
     "before": (BEFORE, {}),
     "bm25": ({**BEFORE, "keyword_bm25": True}, {}),
-    "bm25_terms48": ({**BEFORE, "keyword_bm25": True, "keyword_max_terms": 48, "keyword_postings": 12000,
-                      "keyword_max_df": 0.4}, {}),
-    "default": ({}, {}),   # bm25_terms48 + gate_strong_floor
+    # BM25, 48 lexemes / 12,000 postings / df 0.4, gate_strong_floor, title weight 0.25 (+ identifiers split)
+    "default": ({}, {}),
+    "default_terms24": ({"keyword_max_terms": 24, "keyword_postings": 6000, "keyword_max_df": 0.2}, {}),
+    "default_title0": ({"title_weight": 0.0}, {}),
     "default_title0.5": ({"title_weight": 0.5}, {}),
+    "default_title1": ({"title_weight": 1.0}, {}),
+    "default_b0.5": ({"bm25_b": 0.5}, {}),
     "default_kw1.5": ({}, {"keyword_weight": 1.5}),
     "default_doc0.5": ({}, {"document_weight": 0.5}),
     "default_decay0": ({"doc_decay": 0.0}, {}),
     "default_rrf20": ({}, {"rrf_k": 20}),
-    "default_open0.5": ({"opening_weight": 0.5}, {}),
 }
 
 
@@ -697,7 +702,7 @@ def evaluate_set(es: EvalSet, info: dict, model, *, variants: list[str] | None =
                            gate=False)
             res["variants"][name] = {m: score(run, qrels) for m, run in runs.items()}
             res["variants"][name]["per_query_hybrid"] = _per_query(runs["hybrid"], qrels)
-            if name in ("before", "bm25_terms48", CANDIDATE):
+            if name in GATE_VARIANTS:
                 g = kb_runs(es, vcfg, conn, emb, queries, modes=("hybrid",), tuning=Tuning(**tfields), gate=True)
                 res["variants"][name]["hybrid_gate_on"] = score(g["hybrid"], qrels)
                 res["variants"][name]["off_topic_results"] = off_topic_counts(es, vcfg, conn, emb, Tuning(**tfields))
@@ -749,7 +754,7 @@ def render_variants(results: dict, loso: list[dict] | None) -> str:
     lines.append("")
     lines.append("Gate on (hybrid nDCG@10 / Recall@100, and results returned for each off-topic query):")
     lines.append("")
-    for n in ("before", "bm25_terms48", CANDIDATE):
+    for n in GATE_VARIANTS:
         cells = []
         for s in sets:
             v = results[s]["variants"].get(n, {})

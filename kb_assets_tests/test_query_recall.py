@@ -452,3 +452,28 @@ def test_run_eval_reports_each_mode(corpus, conn, tmp_path):
     assert report["metrics"]["hybrid"]["recall@100"] == 1.0 and report["metrics"]["hybrid"]["ndcg@10"] > 0.6
     assert set(report["per_query"]["keyword"]) == {"q1", "q2"}
     assert emb.calls == 2          # each query embedded once for both vector modes
+
+
+def test_identifiers_are_found_by_their_parts(conn):
+    """Migration 009: camelCase, snake_case, dotted and path-like words are indexed by their parts too (and
+    a query's identifiers are split the same way), so a bug report's plain words find the code."""
+    from kb_assets.query.engine import identifier_words
+
+    c = Corpus(conn)
+    c.doc("src/transport.py", [("HTTPTransportAdapter", "class HTTPTransportAdapter:\n    def sendRequest(self):\n"
+                                "        return self._pool.acquire_connection()")],
+          source="code", kind="code", title="src/transport.py")
+    c.doc("src/other.py", [("helpers", "def helper():\n    return 42")], source="code", kind="code",
+          title="src/other.py")
+    for i, topic in enumerate(FILLER_TOPICS):
+        c.doc(f"misc/{i:02d}.md", [topic], source="notes", kind="doc", title=f"Note {i}")
+    c.refresh()
+    for q in ("transport adapter sends a request", "acquire connection from the pool", "HttpTransport"):
+        r = recall(q, conn=conn, mode="keyword", tuning=NO_GATE)
+        assert [x.id for x in r.code][:1] == ["kb:code/src/transport.py"], q
+    # the query side splits exactly as the database does
+    for text in ("HTTPTransportAdapter.sendRequest(x)", "click/core.py get_user_name", "plain words only",
+                 "e.g. and/or XMLHttpRequest2Go"):
+        db = conn.execute("SELECT kb_identifier_words(%s)", (text,)).fetchone()[0]
+        assert db == identifier_words(text), text
+    assert identifier_words("getUserName httpx/_client.py") == "get User Name httpx client py"

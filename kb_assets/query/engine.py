@@ -76,10 +76,12 @@ class Tuning:
     # term frequency is the number of its chunks holding the term (saturating with bm25_k1), its length the
     # bytes of its text against the mean (bm25_b), IDF over documents; plus title_weight × the IDF of the
     # query lexemes in its title (or path, split on / _ . and camelCase). False: the chunk-level IDF sum.
+    # title_weight 0.25 since 2026-12-01 (bench/quality.py variants): PEPs +0.009 hybrid nDCG@10, code and the
+    # regression set unchanged; 0.5 gains PEPs +0.021 but costs code 0.007 (docs/QUALITY.md).
     keyword_bm25: bool = True
     bm25_k1: float = 1.2
     bm25_b: float = 0.75
-    title_weight: float = 0.0
+    title_weight: float = 0.25
     # A fourth ranking in the fusion: each candidate document's opening (its first chunk: title, front
     # matter, first window) against the query, weighted so (0: off). Scored for the candidates only.
     opening_weight: float = 0.0
@@ -396,6 +398,23 @@ def _aggregate(scores: list[tuple[float, int]], cap: int, decay: float) -> float
     return sum(s * (decay ** i) for i, s in enumerate(top)) if top else 0.0
 
 
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:[./-][A-Za-z_][A-Za-z0-9_]*)*")
+_COMPOUND = re.compile(r"[a-z0-9][A-Z]|[A-Za-z0-9][./_-][A-Za-z]")
+
+
+def identifier_words(text: str) -> str:
+    """The parts of every camelCase, snake_case, dotted or path-like word of `text` (`getUserName` ->
+    "get User Name", `httpx/_client.py` -> "httpx client py"): what migration 009's kb_identifier_words adds
+    to each chunk's tsvector, so a query finds them by their parts."""
+    out = []
+    for w in _IDENTIFIER.findall(text):
+        if not _COMPOUND.search(w):
+            continue
+        w = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", w))
+        out += [p for p in re.split(r"[ ./_-]+", w) if len(p) > 1]
+    return " ".join(out)
+
+
 def _tsquery_literal(lexeme: str) -> str:
     return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
 
@@ -439,13 +458,20 @@ _KEYWORD_BM25_TAIL = (
     "  * dt.tf * (%(k1)s + 1) / (dt.tf + %(k1)s * (1 - %(b)s + %(b)s * octet_length(d.text) / %(avgdl)s))) AS s"
     "  FROM dt JOIN ddf USING (lexeme) JOIN documents d ON d.id = dt.document_id WHERE d.status = 'active'{filter}"
     "  GROUP BY dt.document_id),"
-    " best AS (SELECT DISTINCT ON (document_id) document_id, id, cov FROM ch ORDER BY document_id, cov DESC, id),"
-    " top AS (SELECT ds.document_id, ds.s FROM ds ORDER BY ds.s DESC, ds.document_id LIMIT %(kw_window)s)"
-    " SELECT best.id, top.document_id, d.kind, top.s + %(title_w)s * coalesce((SELECT sum(a.idf) FROM allw a"
-    "  WHERE a.lexeme = ANY(tsvector_to_array(to_tsvector('english', regexp_replace(regexp_replace("
-    "  coalesce(d.title, ''), '([a-z])([A-Z])', '\\1 \\2', 'g'), '[/_.-]+', ' ', 'g'))))), 0),"
+    " top AS (SELECT ds.document_id, ds.s FROM ds ORDER BY ds.s DESC, ds.document_id LIMIT %(kw_window)s),"
+    # the best chunk of the window's documents only (not of every matching document)
+    " best AS (SELECT DISTINCT ON (ch.document_id) ch.document_id, ch.id, ch.cov FROM ch"
+    "  WHERE ch.document_id IN (SELECT document_id FROM top) ORDER BY ch.document_id, ch.cov DESC, ch.id){title}"
+    " SELECT best.id, top.document_id, d.kind, top.s{title_score},"
     " best.cov, (SELECT sum(idf) FROM allw), (SELECT count(*) FROM sel)"
-    " FROM top JOIN best USING (document_id) JOIN documents d ON d.id = top.document_id ORDER BY 4 DESC, 2")
+    " FROM top JOIN best USING (document_id) JOIN documents d ON d.id = top.document_id{title_join} ORDER BY 4 DESC, 2")
+# With a title weight: the IDF of the query lexemes in each window document's title (or path, split on / _ .
+# and camelCase), one hash join for the window — only then (a per-row subplan cost 70 ms at 50K chunks).
+_KEYWORD_TITLE_CTE = (
+    ", tt AS (SELECT top.document_id, sum(a.idf) AS t FROM top JOIN documents d ON d.id = top.document_id"
+    " CROSS JOIN LATERAL unnest(tsvector_to_array(to_tsvector('english', regexp_replace(regexp_replace("
+    " coalesce(d.title, ''), '([a-z])([A-Z])', '\\1 \\2', 'g'), '[/_.-]+', ' ', 'g')))) AS tl(lexeme)"
+    " JOIN allw a ON a.lexeme = tl.lexeme GROUP BY top.document_id)")
 
 # Without statistics (never refreshed): the lexemes chosen in Python, all counted as equally rare.
 _KEYWORD_SQL_NOSTATS = (
@@ -556,7 +582,11 @@ class _Searcher:
         fsql, _ = self.f.sql()
         base = _KEYWORD_SQL if self.have_stats else _KEYWORD_SQL_NOSTATS
         if self.t.keyword_bm25 and self.have_stats:
-            return base.replace(_KEYWORD_TAIL, _KEYWORD_BM25_TAIL).replace("{filter}", fsql)
+            titled = self.t.title_weight > 0
+            return base.replace(_KEYWORD_TAIL, _KEYWORD_BM25_TAIL).replace("{filter}", fsql).replace(
+                "{title}", _KEYWORD_TITLE_CTE if titled else "").replace(
+                "{title_score}", " + %(title_w)s * coalesce(tt.t, 0)" if titled else "").replace(
+                "{title_join}", " LEFT JOIN tt ON tt.document_id = top.document_id" if titled else "")
         if not self.t.keyword_tf:   # no ts_rank: the chunk's tsvector is never read (no detoasting)
             base = base.replace("ts_rank(%(wts)s::float4[], c.tsv, sel.tq)", "(0.3 + 0 * cardinality(%(wts)s::float4[]))") \
                 .replace("SELECT id, document_id, tsv FROM chunks", "SELECT id, document_id FROM chunks")
@@ -566,6 +596,8 @@ class _Searcher:
         return base.replace("{filter_join}", join)
 
     def keyword_params(self, text: str) -> dict[str, Any]:
+        parts = identifier_words(text)     # the query's identifiers by their parts too (migration 009)
+        text = f"{text} {parts}" if parts else text
         p: dict[str, Any] = {"wts": list(self.t.rank_weights), "cap": self.s.per_document_chunks,
                              "kw_window": self.t.keyword_window}
         if self.t.keyword_bm25:
