@@ -76,8 +76,10 @@ _RST_REF = re.compile(r"`([^`]+)`_{1,2}")
 _DOUBLE_BACKTICK = re.compile(r"``([^`]+)``")
 _BACKTICK = re.compile(r"`([^`\n]+)`")
 _BOLD = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
-_ITALIC_STAR = re.compile(r"(?<![\w*])\*(?=\S)([^*\n]+?)(?<=\S)\*(?![\w*])")
-_ITALIC_UNDER = re.compile(r"(?<![\w_])_(?=\S)([^_\n]+?)(?<=\S)_(?![\w_])")
+# The lookbehind comes after the opening marker (same condition: the character before the marker is no word or
+# marker character), so the pattern starts with a literal the regex engine scans for instead of trying every position.
+_ITALIC_STAR = re.compile(r"\*(?<![\w*]\*)(?=\S)([^*\n]+?)(?<=\S)\*(?![\w*])")
+_ITALIC_UNDER = re.compile(r"_(?<![\w_]_)(?=\S)([^_\n]+?)(?<=\S)_(?![\w_])")
 
 
 def _role(m: re.Match) -> str:
@@ -123,7 +125,7 @@ def clean_inline(text: str) -> str:
         text = _HTML_TAG.sub(" ", text)
     if "\\" in text:
         text = _MD_ESCAPE.sub(r"\1", text)
-    return _WS.sub(" ", text).strip()
+    return " ".join(text.split())     # = _WS.sub(" ", text).strip(): str and re agree on what is whitespace
 
 
 _ABBREV = ("e.g.", "i.e.", "etc.", "vs.", "cf.", "Dr.", "Mr.", "Ms.", "approx.", "no.", "No.", "Fig.", "al.")
@@ -1034,6 +1036,7 @@ _PATH_RE = re.compile(
     r")(?![\w/-]|\.\w)"
 )
 _URL_RE = re.compile(r"\b(?:https?|ftp|s3|gs|file)://\S+|\bwww\.\S+|[\w.+-]+@[\w-]+\.[\w.-]+")
+_URL_NO_EMAIL_RE = re.compile(r"\b(?:https?|ftp|s3|gs|file)://\S+|\bwww\.\S+")
 _NOT_PATHS = {"and/or", "i/o", "n/a", "tcp/ip", "read/write", "on/off", "client/server", "input/output",
               "yes/no", "true/false", "either/or", "e.g", "i.e", "a/b", "w/o", "ui/ux", "ci/cd", "pass/fail"}
 
@@ -1094,7 +1097,13 @@ def extract_artifacts(text: str, meta: dict) -> list[str]:
         if isinstance(v, (list, tuple)):
             found += [str(x) for x in v if x]
     backticked = {m.group(1).strip() for m in re.finditer(r"`([^`\n]{3,200})`", text)}
-    scan = _URL_RE.sub(" ", text)
+    # without an "@" the e-mail alternative (the costly one: it backtracks over every word) cannot match
+    if "@" in text:
+        scan = _URL_RE.sub(" ", text)
+    elif "/" in text or "www." in text:
+        scan = _URL_NO_EMAIL_RE.sub(" ", text)
+    else:
+        scan = text
     for m in _PATH_RE.finditer(scan):
         tok = m.group(1).rstrip(".,:;)")
         if _looks_like_path(tok, tok in backticked):
@@ -1151,6 +1160,9 @@ _TYPE_NAMES = {"string", "int", "integer", "bool", "boolean", "float", "double",
 _MULTI_CAP = re.compile(r"(?<![\w.`/-])((?:[A-Z][\w-]*[a-z0-9][\w-]*|[A-Z]{2,6})(?:\s+(?:[A-Z][\w-]*[a-z0-9][\w-]*|[A-Z]{2,6})){1,3})(?![\w/`-])")
 
 
+_TICKED = re.compile(r"`(?<!``)([^`\n]{2,50})`(?!`)")       # = (?<!`)`...: literal first, scanned for
+
+
 def extract_components(doc: ParsedDoc, text: str, artifacts: list[str]) -> list[str]:
     art = set(artifacts)
     scores: Counter[str] = Counter()
@@ -1162,7 +1174,7 @@ def extract_components(doc: ParsedDoc, text: str, artifacts: list[str]) -> list[
 
     # backticked identifiers that look like names of things (not plain words, types or numbers)
     ticked: Counter[str] = Counter()
-    for m in re.finditer(r"(?<!`)`([^`\n]{2,50})`(?!`)", text):
+    for m in _TICKED.finditer(text) if "`" in text else ():
         tok = m.group(1).strip()
         if tok in art or " " in tok or "/" in tok or not _IDENT.match(tok) or tok.lower() in _TYPE_NAMES:
             continue
