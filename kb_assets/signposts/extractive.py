@@ -1259,7 +1259,53 @@ _WORK_KEYWORDS: list[tuple[str, str]] = [
 ]
 
 
-_WORK_RES = [(label, re.compile(rf"\b(?:{pattern})\b")) for label, pattern in _WORK_KEYWORDS]
+def _literal_heads(pattern: str) -> tuple[str, ...]:
+    """The literal text each top-level alternative of a keyword pattern starts with ("bugs?" -> "bug",
+    "fix(?:es|ed)?" -> "fix"): a text holding none of them cannot match the pattern."""
+    heads, depth, start = [], 0, 0
+    alts = []
+    for i, c in enumerate(pattern):
+        depth += c == "("
+        depth -= c == ")"
+        if c == "|" and depth == 0:
+            alts.append(pattern[start:i])
+            start = i + 1
+    alts.append(pattern[start:])
+    for alt in alts:
+        head = ""
+        for i, c in enumerate(alt):
+            if not (c.isalnum() or c in " -/") or alt[i + 1:i + 2] in ("?", "*", "+", "{"):
+                break
+            head += c
+        if not head:
+            raise ValueError(f"keyword alternative without a literal head: {alt!r}")
+        heads.append(head)
+    return tuple(heads)
+
+
+_WORK_RES = [(label, re.compile(rf"\b(?:{pattern})\b"), _literal_heads(pattern)) for label, pattern in _WORK_KEYWORDS]
+# Labels whose every alternative matches word characters only: between its two \b a match is exactly one whole \w+
+# word, so the pattern's matches in a text are the words it fully matches, counted from the words once (a word's
+# labels are remembered) instead of one regex pass per label. The others ("load balancer", "ci/cd") scan the text.
+_WORD_ONLY = re.compile(r"(?:[a-z0-9]|\\w|\(\?:|[|)?*]|\[[a-z]+\])+")
+_WORD_LABELS = [(label, re.compile(rf"(?:{pattern})")) for label, pattern in _WORK_KEYWORDS
+                if _WORD_ONLY.fullmatch(pattern)]
+_WORD_LABEL_NAMES = frozenset(label for label, _ in _WORD_LABELS)
+_WORD = re.compile(r"\w+")
+_labels_of_word: dict[str, tuple[str, ...]] = {}
+
+
+def _word_label_hits(low: str) -> Counter[str]:
+    hits: Counter[str] = Counter()
+    for word, n in Counter(_WORD.findall(low)).items():
+        labels = _labels_of_word.get(word)
+        if labels is None:
+            labels = tuple(label for label, rx in _WORD_LABELS if rx.fullmatch(word))
+            if len(_labels_of_word) < 200_000:
+                _labels_of_word[word] = labels
+        for label in labels:
+            hits[label] += n
+    return hits
 
 
 def extract_work_types(kind: str, title: str, text: str) -> list[str]:
@@ -1267,9 +1313,13 @@ def extract_work_types(kind: str, title: str, text: str) -> list[str]:
     low_title = title.lower()
     low = text[:300_000].lower()
     scored: list[tuple[float, str]] = []
-    for label, rx in _WORK_RES:
+    word_hits = _word_label_hits(low)
+    for label, rx, heads in _WORK_RES:
         t_hits = len(rx.findall(low_title))
-        b_hits = len(rx.findall(low))
+        if label in _WORD_LABEL_NAMES:
+            b_hits = word_hits.get(label, 0)
+        else:    # a substring test per head is much cheaper than a regex pass over a text that cannot match
+            b_hits = len(rx.findall(low)) if any(h in low for h in heads) else 0
         per_k = b_hits * 1000.0 / max(len(low), 1)
         if t_hits or (b_hits >= 3 and per_k >= 1.5) or b_hits >= 12:
             scored.append((t_hits * 10 + per_k, label))
