@@ -1150,14 +1150,18 @@ _COMMON_ACRONYMS = {"API", "APIs", "URL", "URLs", "URI", "ID", "IDs", "UI", "UX"
                     "SQL", "MUST", "SHOULD", "MAY", "SHALL", "REQUIRED", "RECOMMENDED", "OPTIONAL", "NOT"}
 _IDENT = re.compile(r"^[A-Za-z_][\w.:-]{1,48}[\w]$|^[A-Za-z_]\w?$")
 _CAMEL = re.compile(r"\b([A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+|[a-z]+(?:[A-Z][a-z0-9]+)+|[A-Z]{2,}[a-z]+[A-Za-z]*)\b")
-_CAPWORD = re.compile(r"(?<![\w.`/-])([A-Z][a-z][\w-]*[a-z0-9]|[A-Z]{2,6}s?)(?![\w/`-])")
+# _CAPWORD and _MULTI_CAP start with their first capital (factored out of the alternatives, the lookbehind moved
+# after it: same matches), so the regex engine scans for capitals instead of trying every position. The originals:
+#   (?<![\w.`/-])([A-Z][a-z][\w-]*[a-z0-9]|[A-Z]{2,6}s?)(?![\w/`-])
+#   (?<![\w.`/-])((?:[A-Z][\w-]*[a-z0-9][\w-]*|[A-Z]{2,6})(?:\s+(?:...same...)){1,3})(?![\w/`-])
+_CAPWORD = re.compile(r"([A-Z](?<![\w.`/-].)(?:[a-z][\w-]*[a-z0-9]|[A-Z]{1,5}s?))(?![\w/`-])")
 
 
 _TYPE_NAMES = {"string", "int", "integer", "bool", "boolean", "float", "double", "bytes", "byte", "char", "void",
                "null", "nil", "none", "true", "false", "any", "object", "array", "list", "dict", "map", "error",
                "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64",
                "number", "undefined", "self", "this", "str"}
-_MULTI_CAP = re.compile(r"(?<![\w.`/-])((?:[A-Z][\w-]*[a-z0-9][\w-]*|[A-Z]{2,6})(?:\s+(?:[A-Z][\w-]*[a-z0-9][\w-]*|[A-Z]{2,6})){1,3})(?![\w/`-])")
+_MULTI_CAP = re.compile(r"([A-Z](?<![\w.`/-].)(?:[\w-]*[a-z0-9][\w-]*|[A-Z]{1,5})(?:\s+(?:[A-Z][\w-]*[a-z0-9][\w-]*|[A-Z]{2,6})){1,3})(?![\w/`-])")
 
 
 _TICKED = re.compile(r"`(?<!``)([^`\n]{2,50})`(?!`)")       # = (?<!`)`...: literal first, scanned for
