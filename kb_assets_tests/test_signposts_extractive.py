@@ -459,3 +459,25 @@ def test_rst_section_titles_are_the_chunkers():
     assert [("Manual", 1)] + [(s.title, s.level) for s in parsed.sections] == want
     assert parsed.title == "Manual"
     assert not any("Name" in s.title or "no title" in s.title for s in parsed.sections)
+
+
+def test_work_type_counts_from_words_equal_the_regex_counts():
+    """Issue 14: word-only keyword labels are counted from the text's words; the counts must equal one regex pass
+    per label over the text, on edge cases and on every ADR of the shared corpus."""
+    from kb_assets.signposts import extractive as ex
+
+    texts = ["fix fixes fixed fixing prefix fix_it bug-fix bugs_ api/apis http://x.io/api rest-api restful",
+             "auth authentication oauth2 _auth auth2 logs log-in syslog config.yaml configs settings… tls/ssl",
+             "scale scaling scalability scales optimise optimizer sql-server postgresql mongo_db ünicode_logs",
+             "DOCS Docs readme.md guides guide-lines 1.5x crash\u00a0crashes\tlatency\nthroughput"]
+    for tar in sorted(CORPORA.glob("adr-*.tar.gz")):
+        with tarfile.open(tar) as tf:
+            texts += [tf.extractfile(m).read().decode("utf-8", "replace") for m in tf.getmembers()
+                      if m.isfile() and m.name.endswith(".md")]
+    assert len(texts) > 100 and len(ex._WORD_LABELS) >= 8
+    patterns = dict(ex._WORK_KEYWORDS)
+    for text in texts:
+        low = text.lower()
+        hits = ex._word_label_hits(low)
+        for label, _ in ex._WORD_LABELS:
+            assert hits.get(label, 0) == len(re.findall(rf"\b(?:{patterns[label]})\b", low)), (label, text[:80])

@@ -87,6 +87,39 @@ def test_extractive_run_then_nothing_to_do(conn):
         "documents": 5, "signposted": 5, "current": 5, "stale": 0, "failing": 0, "parked": 0, "missing": 0}
 
 
+def test_extractive_reads_and_writes_in_batches_and_a_refused_result_fails_alone(conn, monkeypatch):
+    """Free results are read back and written many per query/transaction (issue 14); a value the database
+    refuses in a batch (here an int column overflow) fails only its own document, the rest of the batch is kept."""
+    from kb_assets.signposts import runner
+
+    n = runner.WRITE_BATCH * 2 + 5
+    ids = [_add_doc(conn, f"docs/{i:04d}.md", _adr(i)) for i in range(n)]
+    reads, batches = [], []
+    real_inputs, real_writes = runner._load_inputs, runner._write_successes
+    monkeypatch.setattr(runner, "_load_input", lambda *a: pytest.fail("one document read back alone"))
+    monkeypatch.setattr(runner, "_load_inputs", lambda c, d: (reads.append(len(d)), real_inputs(c, d))[1])
+    monkeypatch.setattr(runner, "_write_successes", lambda c, s, items: (batches.append(len(items)),
+                                                                          real_writes(c, s, items))[1])
+
+    class Overflow(ExtractiveSignposter):
+        def generate(self, doc):
+            result = super().generate(doc)
+            if doc.path == "docs/0070.md":
+                result.input_tokens = 2 ** 40          # no int column holds it: PostgreSQL refuses the row
+            return result
+
+    stats = run_signposts(conn, SRC, Overflow())
+    assert (stats.generated, stats.failed) == (n - 1, 1)
+    assert len(stats.errors) == 1 and stats.errors[0].startswith("docs/0070.md: ")
+    assert sum(reads) == n and max(reads) == runner.READ_BATCH and len(reads) == -(-n // runner.READ_BATCH)
+    assert batches == [runner.WRITE_BATCH, runner.WRITE_BATCH, 5]
+    assert current_signpost(conn, ids[70]) is None
+    assert all(current_signpost(conn, i) is not None for i in ids if i != ids[70])
+    assert signpost_failures(conn, SRC)[0]["path"] == "docs/0070.md"
+    again = run_signposts(conn, SRC, ExtractiveSignposter())     # retried, not parked, on the next run
+    assert (again.generated, again.up_to_date) == (1, n - 1)
+
+
 def test_no_transaction_is_open_while_generating(conn):
     _add_doc(conn, "a.md", _adr(1))
     seen = []

@@ -47,6 +47,8 @@ MAX_ERROR_CHARS = 1000
 # model's answer); the connection lost still stops the run.
 _STORE_ERRORS = (psycopg.DataError, UnicodeError, ValueError)
 MAX_ERRORS_IN_STATS = 20
+READ_BATCH = 64      # documents read back per query
+WRITE_BATCH = 64     # free (extractive) results written per transaction
 
 
 def estimate_signpost_tokens(text: str, kind: str, *, max_input_tokens: int = 200_000) -> tuple[int, int]:
@@ -144,23 +146,23 @@ def _load_input(conn, document_id: int) -> SignpostInput | None:
     return SignpostInput(title=title or "", kind=kind, path=path, text=text or "", meta=meta or {})
 
 
-def _write_success(conn, signposter, job: _Job, kind: str, result: SignpostResult, payload: dict) -> None:
-    with conn.transaction():
-        conn.execute(
-            """INSERT INTO signposts (content_hash, generator, model, prompt_version, schema_version, payload,
-                                      input_tokens, output_tokens, seconds, kind, model_used, segments)
-               VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s)
-               ON CONFLICT (content_hash, generator, model, prompt_version) DO NOTHING""",
-            (job.content_hash, signposter.generator, signposter.model, signposter.prompt_version, SCHEMA_VERSION,
-             json.dumps(clean_json_value(payload)), result.input_tokens, result.output_tokens, float(result.seconds), kind,
-             result.model_used or signposter.model, max(1, result.segments)))
-        _point_state(conn, signposter, job.content_hash, job.document_ids)
+def _load_inputs(conn, document_ids: list[int]) -> dict[int, SignpostInput]:
+    """_load_input for many documents in one query: {document_id: input} for the active ones."""
+    rows = conn.execute("SELECT id, kind, title, path, text, meta FROM documents WHERE id = ANY(%s) AND status = 'active'",
+                        (list(document_ids),)).fetchall()
+    out: dict[int, SignpostInput] = {}
+    for doc_id, kind, title, path, text, meta in rows:
+        if isinstance(meta, str):
+            meta = json.loads(meta or "{}")
+        out[doc_id] = SignpostInput(title=title or "", kind=kind, path=path, text=text or "", meta=meta or {})
+    return out
 
 
-def _point_state(conn, signposter, content_hash: str, document_ids: list[int]) -> None:
-    """Make documents show the signpost (content_hash, generator, model, prompt_version); clear failures."""
-    conn.execute(
-        """INSERT INTO signpost_state (document_id, content_hash, generator, model, prompt_version, stale,
+_INSERT_SIGNPOST = """INSERT INTO signposts (content_hash, generator, model, prompt_version, schema_version, payload,
+                                          input_tokens, output_tokens, seconds, kind, model_used, segments)
+                   VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s)
+                   ON CONFLICT (content_hash, generator, model, prompt_version) DO NOTHING"""
+_POINT_STATE = """INSERT INTO signpost_state (document_id, content_hash, generator, model, prompt_version, stale,
                                        failures, parked, last_error, last_attempt_at, failed_hash, failed_version,
                                        last_attempts, updated_at)
            SELECT id, %s, %s, %s, %s, false, 0, false, NULL, now(), NULL, NULL, 0, now()
@@ -169,7 +171,35 @@ def _point_state(conn, signposter, content_hash: str, document_ids: list[int]) -
              content_hash = EXCLUDED.content_hash, generator = EXCLUDED.generator, model = EXCLUDED.model,
              prompt_version = EXCLUDED.prompt_version, stale = false, failures = 0, parked = false,
              last_error = NULL, last_attempt_at = now(), failed_hash = NULL, failed_version = NULL,
-             last_attempts = 0, updated_at = now()""",
+             last_attempts = 0, updated_at = now()"""
+
+
+def _write_success(conn, signposter, job: _Job, kind: str, result: SignpostResult, payload: dict) -> None:
+    with conn.transaction():
+        conn.execute(
+            _INSERT_SIGNPOST,
+            (job.content_hash, signposter.generator, signposter.model, signposter.prompt_version, SCHEMA_VERSION,
+             json.dumps(clean_json_value(payload)), result.input_tokens, result.output_tokens, float(result.seconds), kind,
+             result.model_used or signposter.model, max(1, result.segments)))
+        _point_state(conn, signposter, job.content_hash, job.document_ids)
+
+
+def _write_successes(conn, signposter, items: list[tuple[_Job, str, SignpostResult, dict]]) -> None:
+    """_write_success for many results in one transaction (statements pipelined by executemany)."""
+    rows = [(job.content_hash, signposter.generator, signposter.model, signposter.prompt_version, SCHEMA_VERSION,
+             json.dumps(clean_json_value(payload)), result.input_tokens, result.output_tokens, float(result.seconds),
+             kind, result.model_used or signposter.model, max(1, result.segments))
+            for job, kind, result, payload in items]
+    with conn.transaction(), conn.cursor() as cur:
+        cur.executemany(_INSERT_SIGNPOST, rows)
+        cur.executemany(_POINT_STATE, [(job.content_hash, signposter.generator, signposter.model,
+                                        signposter.prompt_version, job.document_ids) for job, _, _, _ in items])
+
+
+def _point_state(conn, signposter, content_hash: str, document_ids: list[int]) -> None:
+    """Make documents show the signpost (content_hash, generator, model, prompt_version); clear failures."""
+    conn.execute(
+        _POINT_STATE,
         (content_hash, signposter.generator, signposter.model, signposter.prompt_version, document_ids))
 
 
@@ -278,6 +308,42 @@ def run_signposts(conn, source_key: str, signposter, *, max_failures: int = 3, c
         if not has_listener and rate_limited:
             limiter.on_rate_limit()
 
+    def store(items: list[tuple[_Job, str, SignpostResult, dict]]) -> None:
+        for job, kind, result, payload in items:
+            try:
+                _write_success(conn, signposter, job, kind, result, payload)
+            except _STORE_ERRORS as exc:  # a payload the database refuses: this document fails
+                error = _readable(exc)
+                stats.failed += len(job.document_ids)
+                if len(stats.errors) < MAX_ERRORS_IN_STATS:
+                    stats.errors.append(f"{job.paths[0]}: {error}")
+                log.warning("signpost for %s cannot be stored: %s", job.paths[0], error)
+                _write_failure(conn, signposter, job, error, 1, max_failures)
+            else:
+                stats.generated += len(job.document_ids)
+                if not result.rate_limited:
+                    limiter.on_success()
+
+    # Free results (extractive) are written WRITE_BATCH at a time in one transaction; if the database refuses
+    # one of them, the batch is written again one by one so that only that document fails.
+    unwritten: list[tuple[_Job, str, SignpostResult, dict]] = []
+
+    def flush() -> None:
+        items = unwritten[:]
+        unwritten.clear()
+        if not items:
+            return
+        try:
+            _write_successes(conn, signposter, items)
+        except _STORE_ERRORS:
+            store(items)
+            return
+        for job, _, result, _ in items:
+            stats.generated += len(job.document_ids)
+            if not result.rate_limited:
+                limiter.on_success()
+
+    prefetched: dict[int, SignpostInput] = {}
     try:
         with ThreadPoolExecutor(max_workers=limiter.maximum, thread_name_prefix="signpost") as pool:
             pending: dict[Future, tuple[_Job, str]] = {}
@@ -286,8 +352,12 @@ def run_signposts(conn, source_key: str, signposter, *, max_failures: int = 3, c
                 # a stop request (SIGINT/SIGTERM): start nothing new, finish what is in flight
                 while queue and stop_exc is None and not cancel.stop_requested() and len(pending) < limiter.width:
                     job = queue.pop()
-                    inp = None
-                    for doc_id in job.document_ids:
+                    if job.document_ids[0] not in prefetched:
+                        # the texts of the next jobs in one query, not one round trip per document
+                        prefetched = _load_inputs(conn, [j.document_ids[0] for j in queue[-(READ_BATCH - 1):]]
+                                                  + [job.document_ids[0]])
+                    inp = prefetched.pop(job.document_ids[0], None)
+                    for doc_id in job.document_ids[1:] if inp is None else ():
                         inp = _load_input(conn, doc_id)
                         if inp is not None:
                             break
@@ -324,24 +394,18 @@ def run_signposts(conn, source_key: str, signposter, *, max_failures: int = 3, c
                         _write_failure(conn, signposter, job, error, attempts, max_failures)
                     else:
                         account(result.calls, result.rate_limited, result.input_tokens, result.output_tokens)
-                        try:
-                            _write_success(conn, signposter, job, kind, result, payload)
-                        except _STORE_ERRORS as exc:  # a payload the database refuses: this document fails
-                            error = _readable(exc)
-                            stats.failed += len(job.document_ids)
-                            if len(stats.errors) < MAX_ERRORS_IN_STATS:
-                                stats.errors.append(f"{job.paths[0]}: {error}")
-                            log.warning("signpost for %s cannot be stored: %s", job.paths[0], error)
-                            _write_failure(conn, signposter, job, error, 1, max_failures)
+                        if relaxed:
+                            unwritten.append((job, kind, result, payload))
+                            if len(unwritten) >= WRITE_BATCH:
+                                flush()
                         else:
-                            stats.generated += len(job.document_ids)
-                            if not result.rate_limited:
-                                limiter.on_success()
+                            store([(job, kind, result, payload)])
                     if on_progress is not None:
                         try:
                             on_progress(done, total)
                         except Exception:  # a progress callback must not break the run
                             log.debug("on_progress failed", exc_info=True)
+        flush()
     finally:
         if has_listener:
             signposter.rate_limit_listener = previous_listener

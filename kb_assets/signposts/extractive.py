@@ -78,8 +78,10 @@ _RST_REF = re.compile(r"`([^`]+)`_{1,2}")
 _DOUBLE_BACKTICK = re.compile(r"``([^`]+)``")
 _BACKTICK = re.compile(r"`([^`\n]+)`")
 _BOLD = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
-_ITALIC_STAR = re.compile(r"(?<![\w*])\*(?=\S)([^*\n]+?)(?<=\S)\*(?![\w*])")
-_ITALIC_UNDER = re.compile(r"(?<![\w_])_(?=\S)([^_\n]+?)(?<=\S)_(?![\w_])")
+# The lookbehind comes after the opening marker (same condition: the character before the marker is no word or
+# marker character), so the pattern starts with a literal the regex engine scans for instead of trying every position.
+_ITALIC_STAR = re.compile(r"\*(?<![\w*]\*)(?=\S)([^*\n]+?)(?<=\S)\*(?![\w*])")
+_ITALIC_UNDER = re.compile(r"_(?<![\w_]_)(?=\S)([^_\n]+?)(?<=\S)_(?![\w_])")
 
 
 def _role(m: re.Match) -> str:
@@ -91,22 +93,41 @@ def _role(m: re.Match) -> str:
 
 def clean_inline(text: str) -> str:
     """Markdown / reST inline markup → plain prose."""
-    text = _HTML_COMMENT.sub(" ", text)
-    text = _MD_IMAGE.sub(" ", text)
-    text = _MD_LINK.sub(r"\1", text)
-    text = _MD_REFLINK.sub(r"\1", text)
-    text = _AUTOLINK.sub(" ", text)
-    text = _RST_ROLE.sub(_role, text)
-    text = _RST_LINK.sub(r"\1", text)
-    text = _DOUBLE_BACKTICK.sub(r"\1", text)
-    text = _RST_REF.sub(r"\1", text)
-    text = _BACKTICK.sub(r"\1", text)
-    text = _BOLD.sub(r"\2", text)
-    text = _ITALIC_STAR.sub(r"\1", text)
-    text = _ITALIC_UNDER.sub(r"\1", text)
-    text = _HTML_TAG.sub(" ", text)
-    text = _MD_ESCAPE.sub(r"\1", text)
-    return _WS.sub(" ", text).strip()
+    # Each substitution runs only when the text holds a character its pattern needs (an `in` scan is far cheaper
+    # than a regex pass, and most paragraphs have no markup): the result is the same as running all of them.
+    if "<!--" in text:
+        text = _HTML_COMMENT.sub(" ", text)
+    if "[" in text:
+        if "![" in text:
+            text = _MD_IMAGE.sub(" ", text)
+        if "](" in text:
+            text = _MD_LINK.sub(r"\1", text)
+        if "][" in text:
+            text = _MD_REFLINK.sub(r"\1", text)
+    if "<" in text:
+        text = _AUTOLINK.sub(" ", text)
+    if "`" in text:
+        if ":`" in text:
+            text = _RST_ROLE.sub(_role, text)
+        if "`_" in text:
+            text = _RST_LINK.sub(r"\1", text)
+        if "``" in text:
+            text = _DOUBLE_BACKTICK.sub(r"\1", text)
+        if "`_" in text:
+            text = _RST_REF.sub(r"\1", text)
+        if "`" in text:
+            text = _BACKTICK.sub(r"\1", text)
+    if "**" in text or "__" in text:
+        text = _BOLD.sub(r"\2", text)
+    if "*" in text:
+        text = _ITALIC_STAR.sub(r"\1", text)
+    if "_" in text:
+        text = _ITALIC_UNDER.sub(r"\1", text)
+    if "<" in text:
+        text = _HTML_TAG.sub(" ", text)
+    if "\\" in text:
+        text = _MD_ESCAPE.sub(r"\1", text)
+    return " ".join(text.split())     # = _WS.sub(" ", text).strip(): str and re agree on what is whitespace
 
 
 _ABBREV = ("e.g.", "i.e.", "etc.", "vs.", "cf.", "Dr.", "Mr.", "Ms.", "approx.", "no.", "No.", "Fig.", "al.")
@@ -1035,6 +1056,7 @@ _PATH_RE = re.compile(
     r")(?![\w/-]|\.\w)"
 )
 _URL_RE = re.compile(r"\b(?:https?|ftp|s3|gs|file)://\S+|\bwww\.\S+|[\w.+-]+@[\w-]+\.[\w.-]+")
+_URL_NO_EMAIL_RE = re.compile(r"\b(?:https?|ftp|s3|gs|file)://\S+|\bwww\.\S+")
 _NOT_PATHS = {"and/or", "i/o", "n/a", "tcp/ip", "read/write", "on/off", "client/server", "input/output",
               "yes/no", "true/false", "either/or", "e.g", "i.e", "a/b", "w/o", "ui/ux", "ci/cd", "pass/fail"}
 
@@ -1095,7 +1117,13 @@ def extract_artifacts(text: str, meta: dict) -> list[str]:
         if isinstance(v, (list, tuple)):
             found += [str(x) for x in v if x]
     backticked = {m.group(1).strip() for m in re.finditer(r"`([^`\n]{3,200})`", text)}
-    scan = _URL_RE.sub(" ", text)
+    # without an "@" the e-mail alternative (the costly one: it backtracks over every word) cannot match
+    if "@" in text:
+        scan = _URL_RE.sub(" ", text)
+    elif "/" in text or "www." in text:
+        scan = _URL_NO_EMAIL_RE.sub(" ", text)
+    else:
+        scan = text
     for m in _PATH_RE.finditer(scan):
         tok = m.group(1).rstrip(".,:;)")
         if _looks_like_path(tok, tok in backticked):
@@ -1142,14 +1170,21 @@ _COMMON_ACRONYMS = {"API", "APIs", "URL", "URLs", "URI", "ID", "IDs", "UI", "UX"
                     "SQL", "MUST", "SHOULD", "MAY", "SHALL", "REQUIRED", "RECOMMENDED", "OPTIONAL", "NOT"}
 _IDENT = re.compile(r"^[A-Za-z_][\w.:-]{1,48}[\w]$|^[A-Za-z_]\w?$")
 _CAMEL = re.compile(r"\b([A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+|[a-z]+(?:[A-Z][a-z0-9]+)+|[A-Z]{2,}[a-z]+[A-Za-z]*)\b")
-_CAPWORD = re.compile(r"(?<![\w.`/-])([A-Z][a-z][\w-]*[a-z0-9]|[A-Z]{2,6}s?)(?![\w/`-])")
+# _CAPWORD and _MULTI_CAP start with their first capital (factored out of the alternatives, the lookbehind moved
+# after it: same matches), so the regex engine scans for capitals instead of trying every position. The originals:
+#   (?<![\w.`/-])([A-Z][a-z][\w-]*[a-z0-9]|[A-Z]{2,6}s?)(?![\w/`-])
+#   (?<![\w.`/-])((?:[A-Z][\w-]*[a-z0-9][\w-]*|[A-Z]{2,6})(?:\s+(?:...same...)){1,3})(?![\w/`-])
+_CAPWORD = re.compile(r"([A-Z](?<![\w.`/-].)(?:[a-z][\w-]*[a-z0-9]|[A-Z]{1,5}s?))(?![\w/`-])")
 
 
 _TYPE_NAMES = {"string", "int", "integer", "bool", "boolean", "float", "double", "bytes", "byte", "char", "void",
                "null", "nil", "none", "true", "false", "any", "object", "array", "list", "dict", "map", "error",
                "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64",
                "number", "undefined", "self", "this", "str"}
-_MULTI_CAP = re.compile(r"(?<![\w.`/-])((?:[A-Z][\w-]*[a-z0-9][\w-]*|[A-Z]{2,6})(?:\s+(?:[A-Z][\w-]*[a-z0-9][\w-]*|[A-Z]{2,6})){1,3})(?![\w/`-])")
+_MULTI_CAP = re.compile(r"([A-Z](?<![\w.`/-].)(?:[\w-]*[a-z0-9][\w-]*|[A-Z]{1,5})(?:\s+(?:[A-Z][\w-]*[a-z0-9][\w-]*|[A-Z]{2,6})){1,3})(?![\w/`-])")
+
+
+_TICKED = re.compile(r"`(?<!``)([^`\n]{2,50})`(?!`)")       # = (?<!`)`...: literal first, scanned for
 
 
 def extract_components(doc: ParsedDoc, text: str, artifacts: list[str]) -> list[str]:
@@ -1163,7 +1198,7 @@ def extract_components(doc: ParsedDoc, text: str, artifacts: list[str]) -> list[
 
     # backticked identifiers that look like names of things (not plain words, types or numbers)
     ticked: Counter[str] = Counter()
-    for m in re.finditer(r"(?<!`)`([^`\n]{2,50})`(?!`)", text):
+    for m in _TICKED.finditer(text) if "`" in text else ():
         tok = m.group(1).strip()
         if tok in art or " " in tok or "/" in tok or not _IDENT.match(tok) or tok.lower() in _TYPE_NAMES:
             continue
@@ -1248,7 +1283,53 @@ _WORK_KEYWORDS: list[tuple[str, str]] = [
 ]
 
 
-_WORK_RES = [(label, re.compile(rf"\b(?:{pattern})\b")) for label, pattern in _WORK_KEYWORDS]
+def _literal_heads(pattern: str) -> tuple[str, ...]:
+    """The literal text each top-level alternative of a keyword pattern starts with ("bugs?" -> "bug",
+    "fix(?:es|ed)?" -> "fix"): a text holding none of them cannot match the pattern."""
+    heads, depth, start = [], 0, 0
+    alts = []
+    for i, c in enumerate(pattern):
+        depth += c == "("
+        depth -= c == ")"
+        if c == "|" and depth == 0:
+            alts.append(pattern[start:i])
+            start = i + 1
+    alts.append(pattern[start:])
+    for alt in alts:
+        head = ""
+        for i, c in enumerate(alt):
+            if not (c.isalnum() or c in " -/") or alt[i + 1:i + 2] in ("?", "*", "+", "{"):
+                break
+            head += c
+        if not head:
+            raise ValueError(f"keyword alternative without a literal head: {alt!r}")
+        heads.append(head)
+    return tuple(heads)
+
+
+_WORK_RES = [(label, re.compile(rf"\b(?:{pattern})\b"), _literal_heads(pattern)) for label, pattern in _WORK_KEYWORDS]
+# Labels whose every alternative matches word characters only: between its two \b a match is exactly one whole \w+
+# word, so the pattern's matches in a text are the words it fully matches, counted from the words once (a word's
+# labels are remembered) instead of one regex pass per label. The others ("load balancer", "ci/cd") scan the text.
+_WORD_ONLY = re.compile(r"(?:[a-z0-9]|\\w|\(\?:|[|)?*]|\[[a-z]+\])+")
+_WORD_LABELS = [(label, re.compile(rf"(?:{pattern})")) for label, pattern in _WORK_KEYWORDS
+                if _WORD_ONLY.fullmatch(pattern)]
+_WORD_LABEL_NAMES = frozenset(label for label, _ in _WORD_LABELS)
+_WORD = re.compile(r"\w+")
+_labels_of_word: dict[str, tuple[str, ...]] = {}
+
+
+def _word_label_hits(low: str) -> Counter[str]:
+    hits: Counter[str] = Counter()
+    for word, n in Counter(_WORD.findall(low)).items():
+        labels = _labels_of_word.get(word)
+        if labels is None:
+            labels = tuple(label for label, rx in _WORD_LABELS if rx.fullmatch(word))
+            if len(_labels_of_word) < 200_000:
+                _labels_of_word[word] = labels
+        for label in labels:
+            hits[label] += n
+    return hits
 
 
 def extract_work_types(kind: str, title: str, text: str) -> list[str]:
@@ -1256,9 +1337,13 @@ def extract_work_types(kind: str, title: str, text: str) -> list[str]:
     low_title = title.lower()
     low = text[:300_000].lower()
     scored: list[tuple[float, str]] = []
-    for label, rx in _WORK_RES:
+    word_hits = _word_label_hits(low)
+    for label, rx, heads in _WORK_RES:
         t_hits = len(rx.findall(low_title))
-        b_hits = len(rx.findall(low))
+        if label in _WORD_LABEL_NAMES:
+            b_hits = word_hits.get(label, 0)
+        else:    # a substring test per head is much cheaper than a regex pass over a text that cannot match
+            b_hits = len(rx.findall(low)) if any(h in low for h in heads) else 0
         per_k = b_hits * 1000.0 / max(len(low), 1)
         if t_hits or (b_hits >= 3 and per_k >= 1.5) or b_hits >= 12:
             scored.append((t_hits * 10 + per_k, label))
