@@ -57,7 +57,7 @@ def main() -> int:
     import psycopg
 
     from kb_assets.signposts import extractive as new_ex
-    from kb_assets.signposts import runner as new_runner
+    from kb_assets.pipeline import signposts as new_runner
     from kb_assets.store.db import connect, embedded_url, migrate
 
     old_ex = _module_at(args.old_rev, "kb_assets/signposts/extractive.py", "old_extractive")

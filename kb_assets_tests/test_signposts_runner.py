@@ -90,7 +90,7 @@ def test_extractive_run_then_nothing_to_do(conn):
 def test_extractive_reads_and_writes_in_batches_and_a_refused_result_fails_alone(conn, monkeypatch):
     """Free results are read back and written many per query/transaction (issue 14); a value the database
     refuses in a batch (here an int column overflow) fails only its own document, the rest of the batch is kept."""
-    from kb_assets.signposts import runner
+    from kb_assets.pipeline import signposts as runner
 
     n = runner.WRITE_BATCH * 2 + 5
     ids = [_add_doc(conn, f"docs/{i:04d}.md", _adr(i)) for i in range(n)]
