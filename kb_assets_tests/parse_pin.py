@@ -7,7 +7,8 @@ Corpora: every ADR of the four shared ADR corpora, every 10th PEP and every 10th
 repository's docs at a fixed commit (PIN_COMMIT, read from git so later edits of the docs do not move the pin).
 Per document: kind, title, the metadata the reader keeps (redaction counts left out), the content hash, and
 one digest over its chunks (ordinal, heading, lines, token count, chunk hash) as the local model's tokenizer
-counts them. For every 4th document, the extractive signpost's payload itself (readable in a diff).
+counts them. Chunks and signposts are computed as the pipeline does: from the documents stage's stored block
+scan (documents.blocks, through JSON), not a scan of their own. For every 4th document, the extractive signpost's payload itself (readable in a diff).
 """
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def _meta_view(meta: dict) -> dict:
 
 
 def compute(dest: Path) -> dict:
-    from kb_assets.chunking import chunk_document, make_token_counter
+    from kb_assets.chunking import chunk_document, document_blocks, make_token_counter
     from kb_assets.config import SourceConfig
     from kb_assets.models import Skip
     from kb_assets.signposts.base import SignpostInput
@@ -100,7 +101,9 @@ def compute(dest: Path) -> dict:
                 out["documents"][key] = {"skip": result.reason}
                 continue
             for doc in result:
-                chunks = chunk_document(doc, max_tokens=254, count_tokens=count)
+                stored = document_blocks(doc)
+                blocks = json.loads(json.dumps(stored)) if stored is not None else None   # as documents.blocks
+                chunks = chunk_document(doc, max_tokens=254, count_tokens=count, blocks=blocks)
                 h = hashlib.sha256()
                 for c in chunks:
                     h.update(f"{c.ordinal}\t{c.heading}\t{c.start_line}\t{c.end_line}\t{c.token_count}\t"
@@ -110,7 +113,7 @@ def compute(dest: Path) -> dict:
                     "chunks": len(chunks), "chunk_digest": h.hexdigest()[:16], "meta": _meta_view(doc.meta)}
                 if n % SIGNPOST_EVERY == 0:
                     res = signposter.generate(SignpostInput(title=doc.title, kind=doc.kind, path=doc.path,
-                                                            text=doc.text, meta=doc.meta))
+                                                            text=doc.text, meta=doc.meta, blocks=blocks))
                     out["signposts"][key] = res.payload
                 n += 1
     return out

@@ -36,7 +36,7 @@ def reference_write_batch(conn, source_key: str, commit: str | None, batch) -> N
     with conn.transaction():
         if batch.gone:
             conn.execute("DELETE FROM documents WHERE source_key = %s AND path = ANY(%s)", (source_key, batch.gone))
-        for path, kind, title, status, skip_reason, skip_detail, sig, content_hash, meta, text in batch.rows:
+        for path, kind, title, status, skip_reason, skip_detail, sig, content_hash, meta, text, *_blocks in batch.rows:
             if status == "skipped":
                 conn.execute(
                     """INSERT INTO documents (source_key, path, kind, title, status, skip_reason, skip_detail,
@@ -205,9 +205,9 @@ def test_a_path_twice_in_a_batch_is_written_in_two_statements(conn):
     conn.execute("INSERT INTO sources (key, kind, root) VALUES ('s', 'doc', '/x')")
     writer = D._BatchWriter(conn, "s", "c1")
     batch = D._Batch()
-    batch = writer.add(batch, ("a.md", "doc", "A", "active", None, None, "1", "h1", "{}", "one"))
-    batch = writer.add(batch, ("b.md", "doc", "B", "active", None, None, "1", "h2", "{}", "two"))
-    batch = writer.add(batch, ("a.md", "doc", "A2", "active", None, None, "2", "h3", "{}", "three"))
+    batch = writer.add(batch, ("a.md", "doc", "A", "active", None, None, "1", "h1", "{}", "one", None, None))
+    batch = writer.add(batch, ("b.md", "doc", "B", "active", None, None, "1", "h2", "{}", "two", None, None))
+    batch = writer.add(batch, ("a.md", "doc", "A2", "active", None, None, "2", "h3", "{}", "three", None, None))
     assert [r[0] for r in batch.rows] == ["a.md"]        # the second a.md started a new batch
     writer.submit(batch)
     writer.close()

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from kb_assets.chunking.code import code_sections, language_for
 from kb_assets.chunking.core import Engine, Lines
-from kb_assets.chunking.markdown import looks_like_markdown, markdown_sections, text_sections
+from kb_assets.chunking.markdown import looks_like_markdown, markdown_sections, stored_blocks, text_sections
 from kb_assets.chunking.rst import rst_sections
 from kb_assets.chunking.tokens import (CountTokens, TokenCounter, default_tokenizer_path, estimate_tokens,
                                        make_token_counter)
@@ -32,7 +32,7 @@ from kb_assets.chunking.transcript import transcript_sections
 from kb_assets.models import Chunk, SourceDocument
 
 __all__ = [
-    "chunk_document", "detect_shape", "estimate_tokens", "make_token_counter", "default_tokenizer_path",
+    "chunk_document", "document_blocks", "detect_shape", "estimate_tokens", "make_token_counter", "default_tokenizer_path",
     "CountTokens", "TokenCounter", "language_for", "MIN_MAX_TOKENS",
 ]
 
@@ -72,11 +72,21 @@ def detect_shape(doc: SourceDocument) -> str:
     return "text"
 
 
+def document_blocks(doc: SourceDocument) -> dict | None:
+    """What the documents stage stores as documents.blocks: the markdown block scan of a markdown-shaped
+    document (chunking/markdown.stored_blocks), None for any other shape (nothing to store)."""
+    if not doc.text or doc.text.isspace() or detect_shape(doc) not in ("markdown", "work_item", "session"):
+        return None
+    return stored_blocks(doc.text)
+
+
 def chunk_document(doc: SourceDocument, *, max_tokens: int, overlap_tokens: int = 32,
-                   count_tokens: CountTokens | None = None) -> list[Chunk]:
+                   count_tokens: CountTokens | None = None, blocks: dict | None = None) -> list[Chunk]:
     """Cut a document into chunks whose embedding text fits `max_tokens` (as `count_tokens` counts).
 
     count_tokens: batch counter (list of texts → list of counts); None: `estimate_tokens`.
+    blocks: the document's stored block scan (documents.blocks, `document_blocks`): a markdown document is then
+    not scanned again.
     """
     if max_tokens < MIN_MAX_TOKENS:
         raise ValueError(f"max_tokens must be at least {MIN_MAX_TOKENS}, got {max_tokens}")
@@ -89,7 +99,7 @@ def chunk_document(doc: SourceDocument, *, max_tokens: int, overlap_tokens: int 
     shape = detect_shape(doc)
     pack = False
     if shape in ("markdown", "work_item", "session"):
-        sections = markdown_sections(text, lines, markers=doc.kind == "agents_md")
+        sections = markdown_sections(text, lines, markers=doc.kind == "agents_md", stored=blocks)
         if sections is None:
             sections = text_sections(text, lines)
         pack = shape == "session"

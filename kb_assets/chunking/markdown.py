@@ -79,6 +79,24 @@ _CRLF = re.compile(r"\r\n?")
 
 
 def block_structure(text: str) -> list[Block]:
+    """`_block_scan(text)`, the last two texts' scans kept per thread: within the documents stage the readers
+    (titles, sections, ADR fields) and the stored documents.blocks ask for the same text's scan in a row, and
+    one scan serves them all (issue 13: parse once)."""
+    memo = getattr(_local, "scans", None)
+    if memo is None:
+        memo = _local.scans = []
+    for i, (seen, blocks) in enumerate(memo):
+        if seen == text:
+            if i:
+                memo.insert(0, memo.pop(i))
+            return list(blocks)
+    blocks = _block_scan(text)
+    memo.insert(0, (text, blocks))
+    del memo[2:]
+    return list(blocks)
+
+
+def _block_scan(text: str) -> list[Block]:
     """`block_structure_markdown_it(text)`, computed directly: a line scanner for exactly the block rules that
     parser runs (indented code, fences, thematic breaks, HTML blocks, ATX and setext headings, paragraphs: no
     containers, so every block is at the top level and a block's extent depends on its own lines only). It
@@ -253,23 +271,67 @@ def _front_matter_lines(text: str, lines: Lines) -> int:
     return lines.line_of(end - 1) + 1 if end else 0
 
 
-def markdown_sections(text: str, lines: Lines, *, markers: bool = False) -> list[Section] | None:
-    """Sections of a markdown text, or None when the parser fails.
-
-    markers: an HTML comment at the top level (`<!-- BEGIN ... -->` in CLAUDE.md / AGENTS.md) also starts a
-    section, under the current heading.
-    """
+def _parse_view(text: str, lines: Lines) -> tuple[str, int, bool]:
+    """(the text the block scanner reads, front-matter lines blanked in it, whether lone CRs were blanked):
+    front matter is a section of its own, and markdown-it counts a lone CR as a line break, we do not. Lines
+    of the view are lines of `text` (as `Lines` counts them), so its blocks are in the stored text's lines."""
     fm = _front_matter_lines(text, lines)
     parse_text = text
     if fm:
         rest = text[lines.starts[fm]:] if fm < lines.count else ""
         parse_text = "\n" * fm + rest if fm < lines.count else "\n" * (lines.count - 1)
+    lone_cr = False
     if "\r" in parse_text:
-        parse_text = _LONE_CR.sub(" ", parse_text)   # markdown-it counts a lone CR as a line break; we do not
+        blanked = _LONE_CR.sub(" ", parse_text)
+        lone_cr = blanked != parse_text
+        parse_text = blanked
+    return parse_text, fm, lone_cr
+
+
+# documents.blocks (migration 008): the block scan the documents stage stores for a markdown-shaped document,
+# read back by the chunker and the extractive signposter instead of scanning the text again.
+BLOCKS_VERSION = 1
+
+
+def stored_blocks(text: str) -> dict:
+    """The stored form of `block_structure` over the chunker's view of `text`: {"v", "md": [[kind, first line,
+    end line, level, ATX title, html comment], ...], "fm": front-matter lines blanked, "cr": lone CRs blanked}
+    ("md" absent when the scanner failed: readers of it then fall back to their own scan, which fails alike)."""
+    lines = Lines(text)
+    parse_text, fm, lone_cr = _parse_view(text, lines)
+    out: dict = {"v": BLOCKS_VERSION, "fm": fm, "cr": lone_cr}
     try:
-        blocks = block_structure(parse_text)
-    except Exception:   # anything can happen on hostile input: it must not take the document down
+        out["md"] = [list(b) for b in block_structure(parse_text)]
+    except Exception:
+        pass
+    return out
+
+
+def blocks_from_stored(stored) -> list[Block] | None:
+    """The blocks of a documents.blocks value, or None when it holds none usable (NULL, older version, failed)."""
+    if not isinstance(stored, dict) or stored.get("v") != BLOCKS_VERSION or not isinstance(stored.get("md"), list):
         return None
+    return [(k, a, b, lv, t, c) for k, a, b, lv, t, c in stored["md"]]
+
+
+def markdown_sections(text: str, lines: Lines, *, markers: bool = False,
+                      stored: dict | None = None) -> list[Section] | None:
+    """Sections of a markdown text, or None when the parser fails.
+
+    markers: an HTML comment at the top level (`<!-- BEGIN ... -->` in CLAUDE.md / AGENTS.md) also starts a
+    section, under the current heading.
+    stored: the text's documents.blocks (`stored_blocks(text)`, written by the documents stage): its blocks
+    are used instead of scanning again; without it (a row stored before migration 008) the text is scanned.
+    """
+    blocks = blocks_from_stored(stored)
+    if blocks is not None:
+        fm = int(stored.get("fm") or 0)
+    else:
+        parse_text, fm, _lone_cr = _parse_view(text, lines)
+        try:
+            blocks = block_structure(parse_text)
+        except Exception:   # anything can happen on hostile input: it must not take the document down
+            return None
 
     events: list[tuple[int, int, int, str]] = []    # (first line, end line, level or 0 for a marker, title)
     protected_lines: list[tuple[int, int]] = []

@@ -78,7 +78,7 @@ def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int,
     def read(ids: list[int]) -> list:
         # in document order: chunk ids (keyword search breaks ties on them) follow it, not the query plan
         return conn.execute(
-            "SELECT id, path, kind, title, text, meta, content_hash FROM documents"
+            "SELECT id, path, kind, title, text, meta, content_hash, blocks FROM documents"
             " WHERE id = ANY(%s) AND status = 'active' ORDER BY id", (ids,)).fetchall()
 
     encoding = conn.info.encoding
@@ -166,12 +166,13 @@ def _cut_batch(rows: list, *, max_tokens: int, overlap_tokens: int,
     from kb_assets.chunking import chunk_document
 
     out = _Batch([], [])
-    for i, (doc_id, path, kind, title, text, meta, content_hash) in enumerate(rows):
+    for i, (doc_id, path, kind, title, text, meta, content_hash, blocks) in enumerate(rows):
         rows[i] = None                      # the text is not kept once cut (batches wait in a queue)
         doc = SourceDocument(path=path, kind=kind, title=title, text=text or "", meta=meta or {})
         try:
             chunks = chunk_document(doc, max_tokens=max_tokens, overlap_tokens=overlap_tokens,
-                                    count_tokens=count_tokens)
+                                    count_tokens=count_tokens,
+                                    blocks=blocks if isinstance(blocks, dict) else None)
             data = "".join(f"{doc_id}\t{c.ordinal}\t{_copy_field(c.heading)}\t{c.start_line}\t{c.end_line}\t"
                            f"{c.token_count}\t{c.chunk_hash}\t{_copy_field(c.text)}\n" for c in chunks)
             encoded = data.encode(encoding)

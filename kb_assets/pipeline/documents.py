@@ -220,6 +220,7 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
     from kb_assets.pipeline.document_fields import fill_commit_dates, refill_stale
 
     refill_stale(conn, source.key)     # rows stored before the fields existed (or by older rules): from meta
+    refill_blocks(conn, source.key)    # rows stored before documents.blocks (migration 008): from the text
 
     if changes is not None:
         removed_names = {name(p) for p in diff_removed}
@@ -264,14 +265,14 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
 _UPSERT = """
 WITH up AS (
   INSERT INTO documents AS d (source_key, path, kind, title, status, skip_reason, skip_detail, file_sig,
-                              content_hash, meta, text, indexed_commit)
+                              content_hash, meta, text, indexed_commit, blocks, blocks_version)
   SELECT %(key)s, u.path, u.kind, u.title, u.status, u.skip_reason, u.skip_detail, u.file_sig, u.content_hash,
-         u.meta::jsonb, u.text, %(commit)s
+         u.meta::jsonb, u.text, %(commit)s, u.blocks::jsonb, u.blocks_version
   FROM unnest(%(path)b::text[], %(kind)b::text[], %(title)b::text[], %(status)b::text[], %(skip_reason)b::text[],
               %(skip_detail)b::text[], %(file_sig)b::text[], %(content_hash)b::text[], %(meta)b::text[],
-              %(text)b::text[])
+              %(text)b::text[], %(blocks)b::text[], %(blocks_version)b::int2[])
        WITH ORDINALITY AS u(path, kind, title, status, skip_reason, skip_detail, file_sig, content_hash, meta,
-                            text, n)
+                            text, blocks, blocks_version, n)
   ORDER BY u.n
   ON CONFLICT (source_key, path) DO UPDATE SET
     kind = CASE WHEN EXCLUDED.status = 'skipped' THEN d.kind ELSE EXCLUDED.kind END,
@@ -281,6 +282,7 @@ WITH up AS (
     chunked_hash = CASE WHEN EXCLUDED.status = 'skipped' THEN NULL ELSE d.chunked_hash END,
     meta = CASE WHEN EXCLUDED.status = 'skipped' THEN d.meta ELSE EXCLUDED.meta END,
     text = EXCLUDED.text, indexed_commit = EXCLUDED.indexed_commit,
+    blocks = EXCLUDED.blocks, blocks_version = EXCLUDED.blocks_version,
     updated_at = CASE WHEN EXCLUDED.status = 'skipped' OR d.content_hash IS DISTINCT FROM EXCLUDED.content_hash
                       THEN now() ELSE d.updated_at END
   RETURNING d.id, d.status
@@ -289,7 +291,7 @@ WITH up AS (
 DELETE FROM chunks WHERE document_id IN (SELECT id FROM up WHERE status = 'skipped')
 """
 _COLUMNS = ("path", "kind", "title", "status", "skip_reason", "skip_detail", "file_sig", "content_hash", "meta",
-            "text")
+            "text", "blocks", "blocks_version")
 
 
 def _storable(doc: SourceDocument, listed: str, stored_name: str) -> SourceDocument:
@@ -320,12 +322,49 @@ def _safe_detail(detail: str) -> str:
 
 
 def _skip_row(skip: Skip, sig: str | None) -> tuple:
-    return (skip.path, "", "", "skipped", skip.reason, skip.detail[:1000], sig, None, "{}", None)
+    return (skip.path, "", "", "skipped", skip.reason, skip.detail[:1000], sig, None, "{}", None, None, None)
 
 
 def _doc_row(doc: SourceDocument, content_hash: str, sig: str) -> tuple:
+    text = _no_nul(doc.text)
     return (doc.path, doc.kind, _no_nul(doc.title[:1000]), "active", None, None, sig, content_hash,
-            json.dumps(doc.meta, default=str).replace("\\u0000", ""), _no_nul(doc.text))
+            json.dumps(doc.meta, default=str).replace("\\u0000", ""), text, *_blocks_columns(doc, text))
+
+
+def _blocks_columns(doc: SourceDocument, text: str) -> tuple[str | None, int]:
+    """(documents.blocks as JSON text, blocks_version): the one block scan of the stored text (migration 008),
+    read by the chunks and signposts stages instead of scanning it again."""
+    from kb_assets.chunking import document_blocks
+    from kb_assets.chunking.markdown import BLOCKS_VERSION
+
+    stored = document_blocks(SourceDocument(path=doc.path, kind=doc.kind, title=doc.title, text=text,
+                                            meta=doc.meta))
+    return (json.dumps(stored, ensure_ascii=False).replace("\\u0000", "") if stored is not None else None,
+            BLOCKS_VERSION)
+
+
+def refill_blocks(conn: psycopg.Connection, source_key: str) -> int:
+    """documents.blocks of active rows written before migration 008 (or by older scan rules), from the stored
+    text: no file read again, no chunk or vector changes."""
+    from kb_assets.chunking.markdown import BLOCKS_VERSION
+
+    ids = [r[0] for r in conn.execute(
+        "SELECT id FROM documents WHERE source_key = %s AND status = 'active'"
+        " AND blocks_version IS DISTINCT FROM %s", (source_key, BLOCKS_VERSION)).fetchall()]
+    for i in range(0, len(ids), 500):
+        rows = conn.execute("SELECT id, path, kind, title, text, meta FROM documents WHERE id = ANY(%s)",
+                            (ids[i:i + 500],)).fetchall()
+        out_ids, out_blocks = [], []
+        for doc_id, path, kind, title, text, meta in rows:
+            doc = SourceDocument(path=path, kind=kind, title=title or "", text=text or "",
+                                 meta=meta if isinstance(meta, dict) else json.loads(meta or "{}"))
+            out_ids.append(doc_id)
+            out_blocks.append(_blocks_columns(doc, doc.text)[0])
+        with conn.transaction():
+            conn.execute("UPDATE documents d SET blocks = v.b::jsonb, blocks_version = %s"
+                         " FROM unnest(%s::bigint[], %s::text[]) AS v(id, b) WHERE d.id = v.id",
+                         (BLOCKS_VERSION, out_ids, out_blocks))
+    return len(ids)
 
 
 @dataclass

@@ -136,14 +136,15 @@ def _readable(exc: BaseException) -> str:
 
 
 def _load_input(conn, document_id: int) -> SignpostInput | None:
-    row = conn.execute("SELECT kind, title, path, text, meta FROM documents WHERE id = %s AND status = 'active'",
-                       (document_id,)).fetchone()
+    row = conn.execute("SELECT kind, title, path, text, meta, blocks FROM documents"
+                       " WHERE id = %s AND status = 'active'", (document_id,)).fetchone()
     if row is None:
         return None
-    kind, title, path, text, meta = row
+    kind, title, path, text, meta, blocks = row
     if isinstance(meta, str):
         meta = json.loads(meta or "{}")
-    return SignpostInput(title=title or "", kind=kind, path=path, text=text or "", meta=meta or {})
+    return SignpostInput(title=title or "", kind=kind, path=path, text=text or "", meta=meta or {},
+                         blocks=blocks if isinstance(blocks, dict) else None)
 
 
 def _load_inputs(conn, document_ids: list[int]) -> dict[int, SignpostInput]:

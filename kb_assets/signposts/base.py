@@ -13,6 +13,7 @@ class SignpostInput:
     path: str                    # POSIX, relative to the source root
     text: str                    # redacted text
     meta: dict[str, Any] = field(default_factory=dict)
+    blocks: dict | None = None   # documents.blocks: the documents stage's block scan of `text` (migration 008)
 
 
 @dataclass

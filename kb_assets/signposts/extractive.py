@@ -266,16 +266,22 @@ def _split_cells(line: str) -> list[str]:
     return [c.strip() for c in inner.split("|")]
 
 
-def _markdown_headings(lines: list[str]) -> dict[int, tuple[str, int, int]]:
+def _markdown_headings(lines: list[str], stored: dict | None = None) -> dict[int, tuple[str, int, int]]:
     """{0-based line: (title, level, lines consumed)} from the one heading parser of the index (the chunker's
-    markdown-it block scanner, also the readers' textutil.headings), for a markdown document."""
-    from kb_assets.chunking.markdown import _NOT_SETEXT, block_structure
+    markdown-it block scanner, also the readers' textutil.headings), for a markdown document.
+
+    stored: the text's documents.blocks (the documents stage's scan, over the chunker's view of the text). It is
+    this scan's result exactly when that view blanked nothing (no front matter, no lone CR: CRLF is normalised
+    by the scanner itself, as here), and is used then instead of scanning again."""
+    from kb_assets.chunking.markdown import _NOT_SETEXT, block_structure, blocks_from_stored
 
     out: dict[int, tuple[str, int, int]] = {}
-    try:
-        blocks = block_structure("\n".join(lines))
-    except Exception:
-        return out
+    blocks = blocks_from_stored(stored) if stored and not stored.get("fm") and not stored.get("cr") else None
+    if blocks is None:
+        try:
+            blocks = block_structure("\n".join(lines))
+        except Exception:
+            return out
     for kind, a, b, level, title, _comment in blocks:
         if kind == "heading":
             out[a] = (title.strip(), level, 1)
@@ -301,9 +307,11 @@ def _rst_headings(lines: list[str], start: int) -> dict[int, tuple[str, int, int
     return {first: (title, level, end - first) for first, end, level, title in titles}
 
 
-def parse_document(text: str, fallback_title: str = "", *, markdown: bool = False) -> ParsedDoc:
+def parse_document(text: str, fallback_title: str = "", *, markdown: bool = False,
+                   blocks: dict | None = None) -> ParsedDoc:
     """markdown: headings come from the index's one markdown heading parser; else ATX lines and the reST titles
-    of the chunker's adornment parser."""
+    of the chunker's adornment parser. blocks: the text's documents.blocks (the documents stage's scan), read
+    instead of scanning where it is this scan exactly."""
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     header, pos = _parse_front_matter(lines)
     fields, pos2 = _parse_header_fields(lines, pos)
@@ -318,7 +326,7 @@ def parse_document(text: str, fallback_title: str = "", *, markdown: bool = Fals
     fence_mark = ""
     i = pos
     current: Section | None = None
-    md_heads = _markdown_headings(lines) if markdown else None
+    md_heads = _markdown_headings(lines, blocks) if markdown else None
     rst_heads = {} if markdown else _rst_headings(lines, pos)
 
     def add_line(line: str) -> None:
@@ -1385,7 +1393,8 @@ _MARKDOWN_SUFFIXES = frozenset({".md", ".markdown", ".mdx", ".mdown", ".mkd", ".
 def extract_document(doc: SignpostInput) -> dict:
     meta = doc.meta or {}
     parsed = parse_document(doc.text, fallback_title=doc.title or PurePosixPath(doc.path).stem,
-                            markdown=PurePosixPath(doc.path.split("#", 1)[0]).suffix.lower() in _MARKDOWN_SUFFIXES)
+                            markdown=PurePosixPath(doc.path.split("#", 1)[0]).suffix.lower() in _MARKDOWN_SUFFIXES,
+                            blocks=doc.blocks)
     title = doc.title or parsed.title or PurePosixPath(doc.path).stem
     artifacts = extract_artifacts(doc.text, meta)
     if doc.kind in ("transcript", "session") and (meta.get("session_id") or meta.get("turns")
