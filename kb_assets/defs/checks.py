@@ -1,11 +1,4 @@
-"""Asset checks: the index is complete, has no orphans, and signposting is not failing.
-
-Each check is a plain function (kb, or context and kb) returning its result; all of them run as ONE Dagster step
-(`kb_checks`, a multi_asset_check) that reports every check under its own name and asset, as the UI shows them.
-Why one step: each step costs a run ~6 event writes (a new storage connection each) and its own database
-connections; seven check steps were ~1/3 of an unchanged partition's run. None of them is blocking."""
-
-import inspect
+"""Asset checks: the index is complete, has no orphans, and signposting is not failing."""
 
 import dagster as dg
 
@@ -17,18 +10,8 @@ from kb_assets.store import spaces
 
 SIGNPOST_FAILURE_RATE_LIMIT = 0.05
 
-# check name -> (asset, description, function), in the order they run
-_CHECKS: dict[str, tuple] = {}
 
-
-def _check(asset: dg.AssetsDefinition, description: str):
-    def register(fn):
-        _CHECKS[fn.__name__] = (asset, description, fn)
-        return fn
-    return register
-
-
-@_check(kb_embeddings, "Every chunk has a vector for the configured model.")
+@dg.asset_check(asset=kb_embeddings, description="Every chunk has a vector for the configured model.")
 def every_chunk_embedded(kb: KbResource) -> dg.AssetCheckResult:
     embedder = kb.embedder()
 
@@ -52,7 +35,7 @@ def every_chunk_embedded(kb: KbResource) -> dg.AssetCheckResult:
         "sources": _md_table(per_source, ["source", "chunks", "missing"])})
 
 
-@_check(kb_chunks, "No chunk without a live document, no vector without a chunk.")
+@dg.asset_check(asset=kb_chunks, description="No chunk without a live document, no vector without a chunk.")
 def no_orphans(kb: KbResource) -> dg.AssetCheckResult:
     def read(conn):
         orphan_chunks = conn.execute(
@@ -75,7 +58,7 @@ def no_orphans(kb: KbResource) -> dg.AssetCheckResult:
                   "documents_awaiting_chunking": stale_chunks})
 
 
-@_check(kb_signposts, f"Under {SIGNPOST_FAILURE_RATE_LIMIT:.0%} of documents failing.")
+@dg.asset_check(asset=kb_signposts, description=f"Under {SIGNPOST_FAILURE_RATE_LIMIT:.0%} of documents failing.")
 def signpost_failure_rate(kb: KbResource) -> dg.AssetCheckResult:
     active, failing, parked = kb.run_stage(None, lambda conn: conn.execute(
         "SELECT count(*), count(s.document_id) FILTER (WHERE s.failures > 0 OR s.stale),"
@@ -89,7 +72,7 @@ def signpost_failure_rate(kb: KbResource) -> dg.AssetCheckResult:
         metadata={"documents": active, "failing": failing, "parked": parked, "failure_rate": round(rate, 4)})
 
 
-@_check(kb_search_index, (
+@dg.asset_check(asset=kb_search_index, description=(
     "The committed regression set (agent-style queries over a fixed corpus shipped in kb_assets/query/"
     "regression/) finds its expected documents in the top 3, with the configured embedder. The corpus is "
     "indexed into its own schema (kb's schema + _regression), so the check never touches the real index. It "
@@ -127,7 +110,7 @@ def _md_table(rows: list[dict], columns: list[str]) -> dg.MetadataValue:
     return _table(rows, columns)
 
 
-@_check(kb_documents, (
+@dg.asset_check(asset=kb_documents, description=(
     "Drift: the commit the source is indexed at is the tip of its branch (HEAD, `branch:`, or "
     "<remote>/<branch> after the sensor's fetch). Warns when the index is behind; sources that are not git "
     "have no commit and pass."))
@@ -148,7 +131,7 @@ def indexed_commit_matches_tip(context: dg.AssetCheckExecutionContext, kb: KbRes
             ["source", "ref", "indexed", "tip", "commits behind", "drifted"])})
 
 
-@_check(kb_search_index, (
+@dg.asset_check(asset=kb_search_index, description=(
     "Vector/keyword parity: every active chunk of the source has a vector in the active space and a "
     "keyword vector (tsvector), so both halves of hybrid search can find it."))
 def vector_keyword_parity(context: dg.AssetCheckExecutionContext, kb: KbResource) -> dg.AssetCheckResult:
@@ -167,7 +150,7 @@ def vector_keyword_parity(context: dg.AssetCheckExecutionContext, kb: KbResource
                                               "without_keywords"])})
 
 
-@_check(kb_projections, (
+@dg.asset_check(asset=kb_projections, description=(
     "Every document tag is in the kb.yaml `tags:` vocabulary (or one of its aliases). Tags outside it get no "
     "by-tag file: add them to the vocabulary (or as aliases) or fix the documents. Passes when no vocabulary is set."))
 def tags_in_vocabulary(kb: KbResource) -> dg.AssetCheckResult:
@@ -181,25 +164,3 @@ def tags_in_vocabulary(kb: KbResource) -> dg.AssetCheckResult:
         metadata={"governed": report["governed"], "vocabulary": len(report["vocabulary"]),
                   "tags_used": len(report["tags"]), "outside": len(outside),
                   "outside_tags": dg.MetadataValue.json(dict(list(outside.items())[:100]))})
-
-
-@dg.multi_asset_check(
-    specs=[dg.AssetCheckSpec(name, asset=asset, description=description)
-           for name, (asset, description, _) in _CHECKS.items()],
-    can_subset=True, description="The index's checks, each reported under its own name and asset.")
-def kb_checks(context: dg.AssetCheckExecutionContext, kb: KbResource):
-    selected = context.selected_asset_check_keys
-    failed: list[BaseException] = []
-    for name, (asset, _, fn) in _CHECKS.items():
-        key = dg.AssetCheckKey(asset.key, name)
-        if key not in selected:
-            continue
-        try:
-            result = fn(context, kb) if "context" in inspect.signature(fn).parameters else fn(kb)
-        except Exception as exc:    # one check that cannot run does not hide the others' results
-            context.log.error(f"check {name} could not run: {type(exc).__name__}: {exc}")
-            failed.append(exc)
-            continue
-        yield result._replace(asset_key=asset.key, check_name=name)
-    if failed:       # as a check step of its own did: the step (and the run) fails
-        raise failed[0]
