@@ -207,7 +207,7 @@ def check(cond: bool, what: str) -> None:
 # maintenance_work_mem, batched chunk swaps, keyset-paginated missing vectors) are the shipped pipeline now;
 # docs/BENCHMARKS.md keeps their before/after figures.
 
-WHAT_IFS = ("clustered-vectors",)
+WHAT_IFS = ("clustered-vectors", "overlapped-write")
 
 
 def apply_what_ifs(names: list[str]) -> None:
@@ -216,6 +216,8 @@ def apply_what_ifs(names: list[str]) -> None:
     clustered-vectors: the stand-in's vectors lie near one of 256 fixed centroids (cosine ~0.8 within a
                    cluster) instead of uniformly on the sphere: HNSW work on vectors shaped more like real
                    embeddings (uniform random 384-d vectors are HNSW's worst case).
+    overlapped-write: the embedding stage starts batch N+1's model call before writing batch N (the order
+                   before issue 12's "≤ 1 batch redone after kill -9"): what serialising the write costs.
     """
     for n in names:
         if n not in WHAT_IFS:
@@ -224,6 +226,10 @@ def apply_what_ifs(names: list[str]) -> None:
         import numpy as np
 
         CountingEmbedder.centroids = np.random.default_rng(12345).standard_normal((256, 384)).astype(np.float32)
+    if "overlapped-write" in names:
+        from kb_assets.pipeline import embeddings
+
+        embeddings.WRITE_BEFORE_NEXT_CALL = False
 
 
 # --- Dagster ---------------------------------------------------------------------------------------------------

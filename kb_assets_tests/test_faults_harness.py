@@ -1,8 +1,8 @@
 """The fault-injection harness (bench/faults.py), short: a few trials against the real `kb index` process on
 a small corpus. Each fault is followed by a re-run whose end state must equal a clean index of the same
 corpus (documents, chunks, vectors, document vectors, keyword statistics), with no duplicate, no orphan, and
-at most two batches of texts embedded again after a kill -9 (the batch being written and the call in flight),
-one after a stop or a database restart."""
+at most one batch of texts embedded again after a kill -9, a stop or a database restart (the next model call
+starts only once the previous batch has committed: pipeline/embeddings.py WRITE_BEFORE_NEXT_CALL)."""
 from __future__ import annotations
 
 import importlib.util
@@ -29,7 +29,7 @@ def harness():
     return h
 
 
-def _assert_recovered(trial, max_batches: float = 2):
+def _assert_recovered(trial, max_batches: float = 1):
     assert trial.rerun_rc == 0, trial
     assert trial.diffs == [], trial
     assert trial.redone_batches <= max_batches, trial
@@ -41,7 +41,7 @@ def test_kill_9_during_embedding_then_rerun_equals_a_clean_index(harness):
     trial = harness.kill9("kb_embeddings")
     # (where it lands depends on the machine's load: the stage's length comes from the clean run)
     assert trial.fault_rc == -signal.SIGKILL
-    _assert_recovered(trial)
+    _assert_recovered(trial, max_batches=1)     # the batch being written or the call in flight, never both
 
 
 @pytest.mark.timeout(900)

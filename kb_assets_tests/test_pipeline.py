@@ -176,9 +176,10 @@ def test_crash_inside_a_batch_keeps_committed_batches(repo, db_url, conn):
     assert len(good.texts) == conn.execute("SELECT count(DISTINCT chunk_hash) FROM chunks").fetchone()[0] - 4
 
 
-def test_embedding_sql_overlaps_the_embedder_call(repo, db_url, conn, monkeypatch):
-    """While the model works on batch N, batch N-1 is written (and N+1 read): the pipeline's own SQL is hidden
-    behind the call, and a committed batch is never lost."""
+def test_embedding_write_never_overlaps_a_model_call(repo, db_url, conn, monkeypatch):
+    """Batch N is written and committed before the call of batch N+1 starts (issue 12: a kill -9 at any instant
+    then loses at most one batch of model work; the overlapped order lost the batch being written and the call
+    in flight). Measured cost: ~1 % of the embedding stage with a fast stand-in embedder (docs/RELIABILITY.md)."""
     import threading
     import time
 
@@ -203,14 +204,14 @@ def test_embedding_sql_overlaps_the_embedder_call(repo, db_url, conn, monkeypatc
     real_write = emb_mod._write_batch
 
     def watched(*args, **kwargs):
-        # the next call may take a moment to start in its thread; a sequential loop would never start it
-        writes_during_call.append(in_flight.wait(timeout=1.0))
+        # an overlapped loop starts the next call just before this write: give its thread time to show it
+        writes_during_call.append(in_flight.wait(timeout=0.3))
         return real_write(*args, **kwargs)
 
     monkeypatch.setattr(emb_mod, "_write_batch", watched)
     stats = run_embeddings_stage(conn, emb, "docs", batch_rows=3)
     assert stats.batches == len(writes_during_call) >= 4 and stats.missing_after == 0
-    assert all(writes_during_call[:-1]), writes_during_call   # only the last write has no call after it
+    assert not any(writes_during_call), writes_during_call
     assert max(Counter(emb.texts).values()) == 1
 
 

@@ -200,6 +200,42 @@ def test_vectors_computed_before_a_lost_connection_are_not_computed_again(db_url
         assert abs(float(np.dot(got.to_numpy(), again.vector("text number 3"))) - 1.0) < 1e-5
 
 
+class _SeesCommitted(FixedCostEmbedder):
+    """Records, at the start of each model call, how many vectors another session sees committed."""
+
+    def __init__(self, other: psycopg.Connection):
+        super().__init__(0.0)
+        self.other, self.table, self.committed_at_call = other, None, []
+
+    def embed_documents(self, texts):
+        self.committed_at_call.append(
+            self.other.execute(f'SELECT count(*) FROM "{self.table}"').fetchone()[0])
+        return super().embed_documents(texts)
+
+
+def test_the_next_model_call_starts_only_once_the_previous_batch_committed(db_url, monkeypatch):
+    """Issue 12: kill -9 at any instant redoes at most one batch. Before, batch N+1's call ran while batch N was
+    being written, so a kill then lost both; now each call starts once every earlier batch is committed."""
+    from kb_assets.pipeline import embeddings as emb_mod
+
+    real_write = emb_mod._write_batch
+
+    def slow_write(*args, **kwargs):
+        time.sleep(0.2)         # a call started before this write (the overlapped order) sees it uncommitted
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(emb_mod, "_write_batch", slow_write)
+    with connect(db_url) as setup:
+        _chunks(setup, 50)
+    with connect(db_url, autocommit=True) as other, connect(db_url) as conn:
+        embedder = _SeesCommitted(other)
+        embedder.table = spaces.ensure_space(conn, embedder.model, embedder.dimension)
+        conn.commit()
+        stats = emb_mod.embed_source(conn, embedder, source_key="s", batch_rows=10)
+    assert stats.chunks_embedded == 50 and stats.batches == 5
+    assert embedder.committed_at_call == [0, 10, 20, 30, 40]
+
+
 # ---------------------------------------------------------------- database loss
 def test_transient_and_configuration_errors_are_told_apart():
     assert retry.is_transient(psycopg.OperationalError("connection refused"))

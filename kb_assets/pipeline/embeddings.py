@@ -85,8 +85,14 @@ def _texts(rows) -> list[str]:
 # call returns, emptied as its batch commits. When the connection drops mid-stage (a database restart),
 # guard.run_stage re-runs the stage on a fresh connection in this same process: the missing-hash query then
 # returns the same hashes, and their vectors come from here instead of the model (issue 12: a restart used
-# to redo the batch being written and the call in flight). Bounded: at most two batches are uncommitted.
+# to redo the batch being written and the call in flight). Bounded: at most one batch is uncommitted (two under the overlapped what-if).
 _uncommitted: dict[tuple[str, int], dict[str, np.ndarray]] = {}
+
+# The next model call starts only once the previous batch has committed, so a kill -9 at any instant loses at
+# most one batch of model work (issue 12): the batch being written, or the call in flight, never both. The
+# write no longer overlaps a call: ~0.1 s per 500-row batch against ~15-20 s of local-model work for it
+# (docs/RELIABILITY.md, "work redone after kill -9"). False: the older overlapped order (bench what-if).
+WRITE_BEFORE_NEXT_CALL = True
 
 
 def _embed_with_carry(embedder, rows: list, carry: dict[str, np.ndarray]):
@@ -129,10 +135,9 @@ def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, 
                  progress: Progress = null_progress, max_batches: int | None = None) -> EmbedStats:
     """Embed the chunk hashes of a source (or of every source) that have no vector yet.
 
-    The model call of batch N runs in a worker thread while this thread writes batch N-1 and reads batch N+1,
-    so the pipeline's own SQL costs no time when the embedder is the bottleneck (a network API, or the local
-    model, which releases the GIL). Each batch is committed on its own: a crash loses the batch being written
-    and the call in flight, never a committed batch. `max_batches` stops early (the kill-and-resume test
+    The model call of batch N runs in a worker thread while this thread reads batch N+1; batch N is written
+    and committed before the call of batch N+1 starts (WRITE_BEFORE_NEXT_CALL), so a crash loses at most one
+    batch of model work, never a committed batch. `max_batches` stops early (the kill-and-resume test
     simulates an interrupted run with it).
     """
     from concurrent.futures import ThreadPoolExecutor
@@ -175,11 +180,14 @@ def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, 
             following = next_rows(rows[-1][0])                  # overlaps the call in flight
             result = cancel.wait(call)                          # no transaction is open while we wait
             _carry(carry, rows, result)                         # kept until its batch commits
-            call, in_flight = (pool.submit(_embed_with_carry, embedder, following, carry), following) \
-                if following else (None, [])
-            _write_batch(conn, table, rows, result, embedder.dimension)   # overlaps the next call
+            call, in_flight = None, []
+            if following and not WRITE_BEFORE_NEXT_CALL:
+                call, in_flight = pool.submit(_embed_with_carry, embedder, following, carry), following
+            _write_batch(conn, table, rows, result, embedder.dimension)
             for chunk_hash, _, _ in rows:
                 carry.pop(chunk_hash, None)                     # committed: no longer ours to keep
+            if following and WRITE_BEFORE_NEXT_CALL:
+                call, in_flight = pool.submit(_embed_with_carry, embedder, following, carry), following
             stats.batches += 1
             stats.chunks_embedded += len(rows)
             stats.tokens += int(getattr(result, "tokens", 0) or 0)
