@@ -100,6 +100,28 @@ def start_server(work: Path, port: int, extra_env: dict | None = None, log_name:
         time.sleep(0.2)
 
 
+def query_runtime(work: Path, log_name: str) -> str:
+    """The query encoder a server announced at start ("query encoder: onnx (2 threads)" in its log)."""
+    m = re.search(r"query encoder: (\S+) \((\d+) threads?\)", (work / log_name).read_text(errors="replace"))
+    return f"{m.group(1)}, {m.group(2)} threads" if m else "unknown"
+
+
+def word_pieces(queries) -> dict:
+    """Word pieces per query as the model counts them (before its 256-piece truncation): the encoder's cost
+    grows with them, and the synthetic "w123" words are ~2.5 pieces each."""
+    from tokenizers import Tokenizer
+
+    from kb_assets.embedding.local import packaged_model_dir
+
+    tok = Tokenizer.from_file(str(packaged_model_dir() / "tokenizer.json"))
+    out = {}
+    for label, sel in (("short", [q for q, _v, _ in queries if len(q.split()) < 20]),
+                       ("paragraph", [q for q, _v, _ in queries if len(q.split()) >= 20])):
+        n = [len(e.ids) for e in tok.encode_batch(sel)]
+        out[label] = {"p50": pct(n, 50), "max": max(n), "truncated": sum(x > 256 for x in n)}
+    return out
+
+
 def cpu_s(pid: int) -> float:
     """utime + stime of a process, seconds: what a request costs whatever else the machine runs."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -238,6 +260,8 @@ def main() -> None:
                          "state (numpy encoder, embed then search) and the onnxruntime encoder without the "
                          "overlap of embedding and keyword search")
     ap.add_argument("--write-doc", action="store_true")
+    ap.add_argument("--allow-numpy", action="store_true",
+                    help="measure even when the default server's query encoder is not onnxruntime")
     args = ap.parse_args()
     if args.compare is None:
         args.compare = ["KB_QUERY_RUNTIME=numpy KB_RECALL_OVERLAP=0", "KB_RECALL_OVERLAP=0"]
@@ -251,6 +275,8 @@ def main() -> None:
     conn, meta, queries = prepare(work, args.chunks)
     conn.execute("DELETE FROM api_tokens WHERE name = 'bench'")
     token = create_token(conn, "bench", rate="1000000/min")["token"]
+    pieces = word_pieces(queries)
+    print("word pieces per query", json.dumps(pieces), flush=True)
     procs = {}
     try:
         port = free_port()
@@ -258,12 +284,20 @@ def main() -> None:
         proc, start_s = start_server(work, port)
         procs["default"] = (base, proc)
         servers = {"default": (base, proc.pid)}
-        print(f"kb serve up in {start_s:.1f} s (model loaded, pool open); RSS {rss_mb(proc.pid):.0f} MB", flush=True)
+        runtimes = {"default": query_runtime(work, "serve.log")}
+        print(f"kb serve up in {start_s:.1f} s (model loaded, pool open; query encoder {runtimes['default']}); "
+              f"RSS {rss_mb(proc.pid):.0f} MB", flush=True)
+        if not runtimes["default"].startswith("onnx") and not args.allow_numpy:
+            # the 21:00 quiet run measured a venv without onnxruntime (numpy in both "runtimes"): refuse that
+            sys.exit(f"the default server's query encoder is {runtimes['default']}, not onnxruntime: this venv "
+                     "lacks onnxruntime (./dev setup installs the pinned version); --allow-numpy measures anyway")
         rss_start = rss_mb(proc.pid)
         for n, spec in enumerate(args.compare):
             cport = free_port()
             extra = dict(kv.split("=", 1) for kv in spec.split())
             cproc, _ = start_server(work, cport, extra, f"serve-compare-{n}.log")
+            runtimes[spec] = query_runtime(work, f"serve-compare-{n}.log")
+            print(f"compare server `{spec}`: query encoder {runtimes[spec]}", flush=True)
             procs[spec] = (f"http://127.0.0.1:{cport}", cproc)
             servers[spec] = (f"http://127.0.0.1:{cport}", cproc.pid)
         load0 = os.getloadavg()
@@ -301,13 +335,14 @@ def main() -> None:
         d = lat["default"]
         table = ["| server | all p50 | all p95 | short p50 | short p95 | paragraph p50 | paragraph p95 |",
                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-                 _row("**default** (onnxruntime encoder, keyword search while embedding): wall at the client", d),
+                 _row(f"**default** (query encoder {runtimes['default']}, keyword search while embedding): wall "
+                      "at the client", d),
                  _row("… query embedding (server; runs beside the keyword search)", d, "embed"),
                  _row("… candidates: search + fusion (server; includes any wait for the embedding)", d, "search"),
                  _row("… records (server)", d, "fetch")]
         for spec in args.compare:
             c = lat[spec]
-            table += [_row(f"`{spec}`: wall at the client", c),
+            table += [_row(f"`{spec}` ({runtimes[spec]}): wall at the client", c),
                       _row("… query embedding (server)", c, "embed"),
                       _row("… candidates: search + fusion (server)", c, "search")]
         table.append(_row("default, the same queries again (query-vector cache hits)", lat["repeat"]))
@@ -330,8 +365,10 @@ def main() -> None:
             f"session, pool), once; RSS {rss_start:.0f} MB (no torch in the process).",
             "",
             f"**Latency**, one client, {d['n']} requests per server (150 short 3-8-word queries, 50 paragraph-long "
-            "60-100-word ones; GET /api/v1/recall, wall time at the client: query embedding + search + records + "
-            "JSON + HTTP)" + (", asked in turn of the default server and of servers with other settings on the "
+            f"60-100-word ones: {pieces['short']['p50']} and {pieces['paragraph']['p50']} word pieces at the median, "
+            f"{pieces['paragraph']['truncated']} of {sum(1 for q in queries if len(q[0].split()) >= 20)} paragraphs "
+            "beyond the model's 256 and truncated to it; GET /api/v1/recall, wall time at the client: query embedding "
+            "+ search + records + JSON + HTTP)" + (", asked in turn of the default server and of servers with other settings on the "
                               "same index (`KB_QUERY_RUNTIME=numpy`: the previous numpy encoder; "
                               "`KB_RECALL_OVERLAP=0`: embed first, then search, as before)" if args.compare else "")
             + f"; load average {load0[0]:.1f} → {load1[0]:.1f}. Milliseconds:",

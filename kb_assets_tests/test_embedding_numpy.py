@@ -173,3 +173,47 @@ def test_small_document_jobs_use_numpy_until_torch_is_loaded(monkeypatch, model_
     assert small.tokens == reference.tokens
     monkeypatch.delenv("KB_DOCUMENT_ENCODER")
     assert emb.document_encoder(3) == "torch"    # once torch is loaded, it stays the encoder
+
+
+def test_a_missing_onnxruntime_falls_back_to_numpy_and_says_so_once(monkeypatch, caplog):
+    """A venv made before onnxruntime was pinned: the server runs numpy (2-3x slower on long queries) and
+    says so once at start, not on every query (a failed import is retried, and paid, on every call)."""
+    import onnxruntime
+
+    monkeypatch.setattr(numpy_bert, "_PREFERRED", {"runtime": "onnx", "threads": 1})
+    monkeypatch.setattr(numpy_bert, "_ORT_INSTALLED", [])
+    monkeypatch.delenv(numpy_bert.RUNTIME_ENV, raising=False)
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)      # `import onnxruntime` raises ImportError
+    with caplog.at_level("WARNING", logger=numpy_bert.__name__):
+        assert [numpy_bert.runtime() for _ in range(5)] == ["numpy"] * 5
+    warned = [r for r in caplog.records if "onnxruntime is not installed" in r.getMessage()]
+    assert len(warned) == 1 and "./dev setup" in warned[0].getMessage()
+    monkeypatch.setattr(numpy_bert, "_ORT_INSTALLED", [])
+    monkeypatch.setitem(sys.modules, "onnxruntime", onnxruntime)
+    assert numpy_bert.runtime() == "onnx"                      # installed: the preference holds
+
+
+def test_fused_attention_graph_equals_the_plain_opset_graph(model_dir):
+    """The cached graph runs ORT's com.microsoft.Attention kernel; on a padded batch (its 0/1 mask against the
+    plain graph's float32-min bias) every real token's hidden state is the plain opset-20 graph's."""
+    import onnx
+    import onnxruntime as ort
+
+    fused, plain = (numpy_bert.build_onnx_graph(model_dir, fused_attention=f) for f in (True, False))
+    ops = {n.op_type for n in onnx.load_from_string(fused).graph.node}
+    assert "Attention" in ops and not ops & {"Softmax", "Split", "Transpose"}
+    enc = numpy_bert.NumpyBertEncoder(model_dir)          # tokenizer and word rows only
+    ids, mask, types = enc._tokens(["why did we drop celery?", "x", SAMPLE[5]])
+    n, seq = ids.shape
+    feeds = {"word_embeds": enc._words(ids), "token_type_ids": types,
+             "position_ids": np.ascontiguousarray(np.broadcast_to(np.arange(seq, dtype=np.int64), (n, seq)))}
+    out = {}
+    for name, graph, extra in (
+            ("fused", fused, {"attention_mask": mask.astype(np.int32)}),
+            ("plain", plain, {"attn_bias": ((1.0 - mask) * np.finfo(np.float32).min)[:, None, None, :]
+                              .astype(np.float32)})):
+        session = ort.InferenceSession(graph, providers=["CPUExecutionProvider"])
+        out[name] = session.run(["hidden"], {**feeds, **extra})[0]
+    real = mask.astype(bool)
+    assert 0 < real.sum() < real.size                      # the batch is padded
+    np.testing.assert_allclose(out["fused"][real], out["plain"][real], atol=1e-4)

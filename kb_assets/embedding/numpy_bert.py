@@ -14,8 +14,9 @@ sentence-transformers (batched, torch is faster there), so the stored vectors do
 Two runtimes share the tokenizer and pooling: numpy (nothing to build: the one-shot `kb recall`), and
 onnxruntime for long-lived servers (`kb serve`, `kb mcp` call `prefer_onnxruntime()`): the same weights as
 an ONNX graph built here from `model.safetensors` (no torch; `onnx` only to write it), cached on disk keyed
-on the model's digest, run by ORT's fused CPU kernels: ~2x less CPU per query than numpy (docs/BENCHMARKS.md,
-"kb serve"). Either is checked against sentence-transformers (cosine ≥ 0.9999).
+on the model's digest, run by ORT's fused CPU kernels (Attention, SkipLayerNormalization, BiasGelu): ~2x less
+CPU per query than numpy (docs/BENCHMARKS.md, "kb serve" and "kb serve: onnxruntime in the server for real").
+Either is checked against sentence-transformers (cosine ≥ 0.9999).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ _LOCK = threading.Lock()
 _CONTROLLER = None       # threadpoolctl.ThreadpoolController, made on the first encode
 _PREFERRED = {"runtime": "numpy", "threads": 1}
 RUNTIME_ENV = "KB_QUERY_RUNTIME"     # numpy | onnx: overrides the process's preference
-ONNX_GRAPH_VERSION = 2               # bump when the graph built below changes: a new cache file
+ONNX_GRAPH_VERSION = 3               # bump when the graph built below changes: a new cache file
 
 
 def _read(path: Path) -> dict | list:
@@ -82,13 +83,25 @@ def runtime() -> str:
     numpy; "onnx" only when onnxruntime imports."""
     wanted = (os.environ.get(RUNTIME_ENV) or _PREFERRED["runtime"]).strip().lower()
     if wanted == "onnx":
+        return "onnx" if _onnxruntime_installed() else "numpy"
+    return "numpy"
+
+
+_ORT_INSTALLED: list[bool] = []      # asked once per process: a failed import is retried (and costs) every time
+
+
+def _onnxruntime_installed() -> bool:
+    if not _ORT_INSTALLED:
         try:
             import onnxruntime  # noqa: F401
+            _ORT_INSTALLED.append(True)
         except ImportError:
-            log.warning("onnxruntime is not installed: the query encoder runs on numpy")
-            return "numpy"
-        return "onnx"
-    return "numpy"
+            # said once, loudly: on numpy a ~250-token query costs ~2-3x the CPU (docs/BENCHMARKS.md); a venv
+            # made before onnxruntime was pinned lacks it (./dev setup installs it)
+            log.warning("onnxruntime is not installed (pinned in pyproject.toml; ./dev setup installs it): "
+                        "the query encoder runs on numpy, ~2-3x slower on long queries")
+            _ORT_INSTALLED.append(False)
+    return _ORT_INSTALLED[0]
 
 
 def encoder_for(path: Path, runtime_name: str | None = None):
@@ -269,14 +282,18 @@ def onnx_cache_dir() -> Path:
     return Path(base) / "kb"
 
 
-def build_onnx_graph(path: Path) -> bytes:
+def build_onnx_graph(path: Path, *, fused_attention: bool = True) -> bytes:
     """The model as an ONNX graph (opset 20: LayerNormalization, exact Gelu), weights from model.safetensors.
 
     Inputs word_embeds (float32, [batch, seq, hidden]: the word-embedding rows of the tokens, which stay in
     model.safetensors — half the weights, read a row at a time as the numpy encoder does), position_ids /
-    token_type_ids (int64, [batch, seq]) and attn_bias (float32, [batch, 1, 1, seq]: 0 for tokens, float32 min
-    for padding); output the last hidden state [batch, seq, hidden].
-    Q, K and V are one fused MatMul; ORT fuses the rest (bias + Gelu, Add + LayerNorm) when it loads it."""
+    token_type_ids (int64, [batch, seq]) and attention_mask (int32, [batch, seq]: 1 for tokens, 0 for padding);
+    output the last hidden state [batch, seq, hidden].
+    Self-attention is ORT's fused CPU `com.microsoft.Attention` (Q, K, V in one GEMM; scores, softmax and
+    context in one kernel: no Split / Reshape / Transpose nodes; ~4-6% less CPU per query than the plain opset
+    pattern, same vectors); ORT fuses the rest (bias + Gelu, Add + LayerNorm) when it loads the graph.
+    `fused_attention=False`: the plain opset-20 graph (MatMul / Softmax, with attn_bias float32 [batch, 1, 1,
+    seq]: 0 for tokens, float32 min for padding, instead of attention_mask)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     from safetensors.numpy import load_file
@@ -310,20 +327,26 @@ def build_onnx_graph(path: Path) -> bytes:
     e = op("Add", [e, op("Gather", [init("type", w["embeddings.token_type_embeddings.weight"]), "token_type_ids"],
                          "e.type")], "e.sum")
     x = layer_norm(e, "embeddings.LayerNorm", "x0")
-    init("shape.bshd", np.array([0, 0, heads, d], dtype=np.int64))
-    init("shape.bsh", np.array([0, 0, hidden], dtype=np.int64))
-    init("scale", np.array(1.0 / math.sqrt(d), dtype=np.float32))
+    if not fused_attention:
+        init("shape.bshd", np.array([0, 0, heads, d], dtype=np.int64))
+        init("shape.bsh", np.array([0, 0, hidden], dtype=np.int64))
+        init("scale", np.array(1.0 / math.sqrt(d), dtype=np.float32))
     for i in range(layers):
         p, n = f"encoder.layer.{i}.", f"l{i}."
         qkv_w = np.concatenate([w[p + f"attention.self.{t}.weight"] for t in ("query", "key", "value")], 0)
         qkv_b = np.concatenate([w[p + f"attention.self.{t}.bias"] for t in ("query", "key", "value")], 0)
-        qkv = linear(x, qkv_w, qkv_b, n + "qkv")
-        nodes.append(helper.make_node("Split", [qkv], [n + "q", n + "k", n + "v"], axis=-1, num_outputs=3))
-        q, k, v = (op("Transpose", [op("Reshape", [n + t, "shape.bshd"], n + t + ".r")], n + t + ".h", perm=perm)
-                   for t, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])))
-        scores = op("Add", [op("Mul", [op("MatMul", [q, k], n + "s"), "scale"], n + "s.scaled"), "attn_bias"], n + "s.masked")
-        ctx = op("MatMul", [op("Softmax", [scores], n + "p", axis=-1), v], n + "ctx.h")
-        ctx = op("Reshape", [op("Transpose", [ctx], n + "ctx.t", perm=[0, 2, 1, 3]), "shape.bsh"], n + "ctx")
+        if fused_attention:
+            ctx = op("Attention", [x, init(n + "qkv.w", qkv_w.T), init(n + "qkv.bias", qkv_b), "attention_mask"],
+                     n + "ctx", domain="com.microsoft", num_heads=heads)
+        else:
+            qkv = linear(x, qkv_w, qkv_b, n + "qkv")
+            nodes.append(helper.make_node("Split", [qkv], [n + "q", n + "k", n + "v"], axis=-1, num_outputs=3))
+            q, k, v = (op("Transpose", [op("Reshape", [n + t, "shape.bshd"], n + t + ".r")], n + t + ".h", perm=perm)
+                       for t, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])))
+            scores = op("Add", [op("Mul", [op("MatMul", [q, k], n + "s"), "scale"], n + "s.scaled"), "attn_bias"],
+                        n + "s.masked")
+            ctx = op("MatMul", [op("Softmax", [scores], n + "p", axis=-1), v], n + "ctx.h")
+            ctx = op("Reshape", [op("Transpose", [ctx], n + "ctx.t", perm=[0, 2, 1, 3]), "shape.bsh"], n + "ctx")
         a = linear(ctx, w[p + "attention.output.dense.weight"], w[p + "attention.output.dense.bias"], n + "attn")
         x = layer_norm(op("Add", [a, x], n + "res1"), p + "attention.output.LayerNorm", n + "x1")
         h = op("Gelu", [linear(x, w[p + "intermediate.dense.weight"], w[p + "intermediate.dense.bias"], n + "inter")],
@@ -335,9 +358,11 @@ def build_onnx_graph(path: Path) -> bytes:
     graph = helper.make_graph(nodes, "bert", [
         helper.make_tensor_value_info("word_embeds", f32, ["batch", "seq", hidden])] + [
         helper.make_tensor_value_info(name, i64, ["batch", "seq"]) for name in ("position_ids", "token_type_ids")
-    ] + [helper.make_tensor_value_info("attn_bias", f32, ["batch", 1, 1, "seq"])],
+    ] + [helper.make_tensor_value_info("attention_mask", TensorProto.INT32, ["batch", "seq"]) if fused_attention
+         else helper.make_tensor_value_info("attn_bias", f32, ["batch", 1, 1, "seq"])],
         [helper.make_tensor_value_info("hidden", f32, ["batch", "seq", hidden])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], producer_name="kb_assets")
+    opsets = [helper.make_opsetid("", 20)] + ([helper.make_opsetid("com.microsoft", 1)] if fused_attention else [])
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="kb_assets")
     model.ir_version = 10
     onnx.checker.check_model(model)
     return model.SerializeToString()
@@ -385,14 +410,17 @@ class OnnxBertEncoder(_BertShape):
         self.model_file = model if isinstance(model, Path) else None
         self.session = ort.InferenceSession(str(model) if isinstance(model, Path) else model, opts,
                                             providers=["CPUExecutionProvider"])
+        self._fused_attention = "attention_mask" in {i.name for i in self.session.get_inputs()}
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """(len(texts), hidden) float32, mean-pooled (and unit length when the folder normalises)."""
         ids, mask, types = self._tokens(texts)
         n, seq = ids.shape
         positions = np.broadcast_to(np.arange(seq, dtype=np.int64), (n, seq))
-        bias = ((1.0 - mask) * np.finfo(np.float32).min)[:, None, None, :].astype(np.float32)
-        hidden = self.session.run(["hidden"], {"word_embeds": self._words(ids),
-                                               "position_ids": np.ascontiguousarray(positions),
-                                               "token_type_ids": types, "attn_bias": bias})[0]
-        return self._pool(hidden, mask)
+        feeds = {"word_embeds": self._words(ids), "position_ids": np.ascontiguousarray(positions),
+                 "token_type_ids": types}
+        if self._fused_attention:
+            feeds["attention_mask"] = mask.astype(np.int32)
+        else:
+            feeds["attn_bias"] = ((1.0 - mask) * np.finfo(np.float32).min)[:, None, None, :].astype(np.float32)
+        return self._pool(self.session.run(["hidden"], feeds)[0], mask)
