@@ -114,6 +114,8 @@ def word_pieces(queries) -> dict:
     from kb_assets.embedding.local import packaged_model_dir
 
     tok = Tokenizer.from_file(str(packaged_model_dir() / "tokenizer.json"))
+    tok.no_truncation()           # the file's own settings (truncate at 128, pad) are not what the encoder uses
+    tok.no_padding()
     out = {}
     for label, sel in (("short", [q for q, _v, _ in queries if len(q.split()) < 20]),
                        ("paragraph", [q for q, _v, _ in queries if len(q.split()) >= 20])):
