@@ -220,5 +220,34 @@ def test_documents_stage_stores_the_rst_parse(tmp_path, db_url, conn):
     assert dict(conn.execute("SELECT path, blocks FROM documents WHERE status = 'active'").fetchall()) == rows
 
 
+def test_signposter_reads_the_stored_scan_wherever_the_chunker_does(monkeypatch):
+    """One shape decision (chunking.detect_shape): a work item ("file.json#12") and a session note without a
+    markdown extension are markdown to the signposter too, so it reads their stored scan instead of parsing."""
+    from kb_assets.signposts.base import SignpostInput
+    from kb_assets.signposts.extractive import ExtractiveSignposter
+
+    item = ("# Queue stalls under load\n\nkind: issue · status: open\n\n## Body\n\nWe decided to use skip locked "
+            "because two workers took the same batch.\n\n```\n# not a heading\n```\n\n## Comment by ann\n\n" + PARA)
+    note = "Session notes\n=============\n\n- item one\n- item two\n\n## Outcome\n\n" + PARA
+    docs = [SourceDocument(path="issues.json#12", kind="work_item", title="", text=item, meta={}),
+            SourceDocument(path="sessions/2026-12-01", kind="session", title="", text=note, meta={})]
+    sp = ExtractiveSignposter()
+
+    def signpost(d, blocks):
+        return sp.generate(SignpostInput(title=d.title, kind=d.kind, path=d.path, text=d.text, meta={},
+                                         blocks=blocks)).payload
+
+    from kb_assets.signposts.extractive import _is_markdown
+
+    assert all(_is_markdown(SignpostInput(title="", kind=d.kind, path=d.path, text=d.text)) for d in docs)
+    assert not _is_markdown(SignpostInput(title="", kind="doc", path="notes.txt", text="plain words only"))
+    assert not _is_markdown(SignpostInput(title="", kind="adr", path="pep-9999.rst", text=PEP))
+    stored = [_stored(d) for d in docs]
+    assert all(s and s.get("md") for s in stored)
+    want = [signpost(d, None) for d in docs]
+    monkeypatch.setattr(md, "block_structure", lambda text: (_ for _ in ()).throw(AssertionError("scanned")))
+    assert [signpost(d, s) for d, s in zip(docs, stored)] == want
+
+
 if __name__ == "__main__":
     pytest.main([__file__])

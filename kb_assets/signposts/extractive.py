@@ -1401,14 +1401,21 @@ def _session_summary(doc: SignpostInput, parsed: ParsedDoc, artifacts: list[str]
     return shorten(text, SUMMARY_CHARS)
 
 
-_MARKDOWN_SUFFIXES = frozenset({".md", ".markdown", ".mdx", ".mdown", ".mkd", ".mkdn", ".ipynb"})
+def _is_markdown(doc: SignpostInput) -> bool:
+    """Whether the chunker reads the document as markdown (chunking.detect_shape: a markdown extension, a
+    work item, a session or README-like text that looks like markdown): one shape decision for both, so the
+    signposter reads the documents stage's stored scan wherever the chunker does."""
+    from kb_assets.chunking import detect_shape
+    from kb_assets.models import SourceDocument
+
+    shape = detect_shape(SourceDocument(path=doc.path, kind=doc.kind, title=doc.title, text=doc.text, meta={}))
+    return shape in ("markdown", "work_item", "session")
 
 
 def extract_document(doc: SignpostInput) -> dict:
     meta = doc.meta or {}
     parsed = parse_document(doc.text, fallback_title=doc.title or PurePosixPath(doc.path).stem,
-                            markdown=PurePosixPath(doc.path.split("#", 1)[0]).suffix.lower() in _MARKDOWN_SUFFIXES,
-                            blocks=doc.blocks)
+                            markdown=_is_markdown(doc), blocks=doc.blocks)
     title = doc.title or parsed.title or PurePosixPath(doc.path).stem
     artifacts = extract_artifacts(doc.text, meta)
     if doc.kind in ("transcript", "session") and (meta.get("session_id") or meta.get("turns")
