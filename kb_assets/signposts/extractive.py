@@ -315,11 +315,12 @@ def _rst_headings(lines: list[str], start: int, stored: dict | None = None) -> d
     return {first: (title, level, end - first) for first, end, level, title in titles}
 
 
-def parse_document(text: str, fallback_title: str = "", *, markdown: bool = False,
+def parse_document(text: str, fallback_title: str = "", *, markdown: bool = False, rst: bool = False,
                    blocks: dict | None = None) -> ParsedDoc:
-    """markdown: headings come from the index's one markdown heading parser; else ATX lines and the reST titles
-    of the chunker's adornment parser. blocks: the text's documents.blocks (the documents stage's scan), read
-    instead of scanning where it is this scan exactly."""
+    """markdown: headings come from the index's one markdown heading parser; rst (a reST document, as the
+    chunker shapes it): the reST titles of the chunker's adornment parser only; else ATX lines (transcript turns)
+    and those reST titles. blocks: the text's documents.blocks (the documents stage's parse), read instead of
+    parsing where it is this parse exactly."""
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     # the stored reST structure counts lines of the text split on "\n" only: it is these lines without a CR
     rst_stored = None
@@ -363,7 +364,7 @@ def parse_document(text: str, fallback_title: str = "", *, markdown: bool = Fals
             continue
         heading: tuple[str, int] | None = None
         consumed = 1
-        m = None if md_heads is not None else _ATX.match(line)
+        m = None if md_heads is not None or rst else _ATX.match(line)
         if md_heads is not None:
             if i in md_heads:
                 title_text, level, consumed = md_heads[i]
@@ -1405,17 +1406,22 @@ def _is_markdown(doc: SignpostInput) -> bool:
     """Whether the chunker reads the document as markdown (chunking.detect_shape: a markdown extension, a
     work item, a session or README-like text that looks like markdown): one shape decision for both, so the
     signposter reads the documents stage's stored scan wherever the chunker does."""
+    return _shape(doc) in ("markdown", "work_item", "session")
+
+
+def _shape(doc: SignpostInput) -> str:
     from kb_assets.chunking import detect_shape
     from kb_assets.models import SourceDocument
 
-    shape = detect_shape(SourceDocument(path=doc.path, kind=doc.kind, title=doc.title, text=doc.text, meta={}))
-    return shape in ("markdown", "work_item", "session")
+    return detect_shape(SourceDocument(path=doc.path, kind=doc.kind, title=doc.title, text=doc.text, meta={}))
 
 
 def extract_document(doc: SignpostInput) -> dict:
     meta = doc.meta or {}
+    shape = _shape(doc)
     parsed = parse_document(doc.text, fallback_title=doc.title or PurePosixPath(doc.path).stem,
-                            markdown=_is_markdown(doc), blocks=doc.blocks)
+                            markdown=shape in ("markdown", "work_item", "session"), rst=shape == "rst",
+                            blocks=doc.blocks)
     title = doc.title or parsed.title or PurePosixPath(doc.path).stem
     artifacts = extract_artifacts(doc.text, meta)
     if doc.kind in ("transcript", "session") and (meta.get("session_id") or meta.get("turns")
