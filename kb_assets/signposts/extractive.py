@@ -38,9 +38,11 @@ MAX_WORK_TYPES = 5
 
 # Bump when the heuristics change: extractive signposts are then regenerated (cheaply) on the next run, without
 # touching LLM signposts. The schema version is part of it.
-ALGORITHM_VERSION = 3     # 2: rationales are reasons (issue 13 §4), artifacts are file paths, no CTE tables;
+ALGORITHM_VERSION = 4     # 2: rationales are reasons (issue 13 §4), artifacts are file paths, no CTE tables;
 #                           3: markdown headings from the index's one heading parser (HTML blocks, indented ATX),
 #                              reST titles from the chunker's adornment parser (a simple-table border is no title)
+#                           4: the chunker's shape decision (work items, markdown-looking notes read as markdown;
+#                              reST headings are its titles only), the reST title rules docutils agrees with
 
 
 class ExtractiveSignposter:
