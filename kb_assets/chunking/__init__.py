@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from kb_assets.chunking.code import code_sections, language_for
 from kb_assets.chunking.core import Engine, Lines
-from kb_assets.chunking.markdown import looks_like_markdown, markdown_sections, stored_blocks, text_sections
-from kb_assets.chunking.rst import rst_sections
+from kb_assets.chunking.markdown import (BLOCKS_VERSION, looks_like_markdown, markdown_sections, stored_blocks,
+                                         text_sections)
+from kb_assets.chunking.rst import rst_sections, rst_structure
 from kb_assets.chunking.tokens import (CountTokens, TokenCounter, default_tokenizer_path, estimate_tokens,
                                        make_token_counter)
 from kb_assets.chunking.transcript import transcript_sections
@@ -74,10 +75,21 @@ def detect_shape(doc: SourceDocument) -> str:
 
 def document_blocks(doc: SourceDocument) -> dict | None:
     """What the documents stage stores as documents.blocks: the markdown block scan of a markdown-shaped
-    document (chunking/markdown.stored_blocks), None for any other shape (nothing to store)."""
-    if not doc.text or doc.text.isspace() or detect_shape(doc) not in ("markdown", "work_item", "session"):
+    document (chunking/markdown.stored_blocks), the header and section titles of a reST one
+    (chunking/rst.rst_structure), None for any other shape (nothing to store)."""
+    if not doc.text or doc.text.isspace():
         return None
-    return stored_blocks(doc.text)
+    shape = detect_shape(doc)
+    if shape in ("markdown", "work_item", "session"):
+        return stored_blocks(doc.text)
+    if shape == "rst":
+        out: dict = {"v": BLOCKS_VERSION}
+        try:
+            out["rst"] = rst_structure(doc.text)
+        except Exception:        # hostile input: readers of it then parse themselves, and fail alike
+            pass
+        return out
+    return None
 
 
 def chunk_document(doc: SourceDocument, *, max_tokens: int, overlap_tokens: int = 32,
@@ -85,8 +97,8 @@ def chunk_document(doc: SourceDocument, *, max_tokens: int, overlap_tokens: int 
     """Cut a document into chunks whose embedding text fits `max_tokens` (as `count_tokens` counts).
 
     count_tokens: batch counter (list of texts → list of counts); None: `estimate_tokens`.
-    blocks: the document's stored block scan (documents.blocks, `document_blocks`): a markdown document is then
-    not scanned again.
+    blocks: the document's stored parse (documents.blocks, `document_blocks`): a markdown or reST document is
+    then not parsed again.
     """
     if max_tokens < MIN_MAX_TOKENS:
         raise ValueError(f"max_tokens must be at least {MIN_MAX_TOKENS}, got {max_tokens}")
@@ -104,7 +116,7 @@ def chunk_document(doc: SourceDocument, *, max_tokens: int, overlap_tokens: int 
             sections = text_sections(text, lines)
         pack = shape == "session"
     elif shape == "rst":
-        sections = rst_sections(text, lines)
+        sections = rst_sections(text, lines, stored=blocks)
     elif shape == "transcript":
         sections = transcript_sections(text, lines)
         pack = True

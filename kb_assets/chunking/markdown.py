@@ -288,23 +288,46 @@ def _parse_view(text: str, lines: Lines) -> tuple[str, int, bool]:
     return parse_text, fm, lone_cr
 
 
-# documents.blocks (migration 008): the block scan the documents stage stores for a markdown-shaped document,
-# read back by the chunker and the extractive signposter instead of scanning the text again.
-BLOCKS_VERSION = 1
+# documents.blocks (migration 008): the block scan the documents stage stores for a markdown-shaped document
+# (and, from version 2, the header and section titles of a reST one: chunking/rst.rst_structure), read back by
+# the chunker and the extractive signposter instead of parsing the text again. A row of another version is
+# re-parsed from its stored text by the next documents run (pipeline/documents.refill_blocks).
+BLOCKS_VERSION = 2
+
+
+def view_blocks(text: str) -> tuple[list[Block], int, bool]:
+    """(`block_structure` of the chunker's view of `text`, front-matter lines blanked, lone CRs blanked): the
+    one scan of a markdown text in the documents stage, for the readers (textutil.headings) and documents.blocks
+    alike. Its lines are lines of `text` split on "\\n". A text with neither front matter nor a lone CR is its
+    own view (no extra work); for the others the last two views are kept per thread, so the readers and the
+    stored scan share one scan there too. Raises what the scanner raises."""
+    if "\r" not in text and not text.startswith("---"):
+        return block_structure(text), 0, False
+    memo = getattr(_local, "views", None)
+    if memo is None:
+        memo = _local.views = []
+    for seen, view in memo:
+        if seen == text:
+            return list(view[0]), view[1], view[2]
+    lines = Lines(text)
+    parse_text, fm, lone_cr = _parse_view(text, lines)
+    view = (block_structure(parse_text), fm, lone_cr)
+    memo.insert(0, (text, view))
+    del memo[2:]
+    return list(view[0]), fm, lone_cr
 
 
 def stored_blocks(text: str) -> dict:
     """The stored form of `block_structure` over the chunker's view of `text`: {"v", "md": [[kind, first line,
     end line, level, ATX title, html comment], ...], "fm": front-matter lines blanked, "cr": lone CRs blanked}
     ("md" absent when the scanner failed: readers of it then fall back to their own scan, which fails alike)."""
-    lines = Lines(text)
-    parse_text, fm, lone_cr = _parse_view(text, lines)
-    out: dict = {"v": BLOCKS_VERSION, "fm": fm, "cr": lone_cr}
     try:
-        out["md"] = [list(b) for b in block_structure(parse_text)]
+        blocks, fm, lone_cr = view_blocks(text)
     except Exception:
-        pass
-    return out
+        lines = Lines(text)
+        _parse_text, fm, lone_cr = _parse_view(text, lines)
+        return {"v": BLOCKS_VERSION, "fm": fm, "cr": lone_cr}
+    return {"v": BLOCKS_VERSION, "fm": fm, "cr": lone_cr, "md": [list(b) for b in blocks]}
 
 
 def blocks_from_stored(stored) -> list[Block] | None:
@@ -327,9 +350,8 @@ def markdown_sections(text: str, lines: Lines, *, markers: bool = False,
     if blocks is not None:
         fm = int(stored.get("fm") or 0)
     else:
-        parse_text, fm, _lone_cr = _parse_view(text, lines)
         try:
-            blocks = block_structure(parse_text)
+            blocks, fm, _lone_cr = view_blocks(text)
         except Exception:   # anything can happen on hostile input: it must not take the document down
             return None
 

@@ -1,8 +1,10 @@
 """reStructuredText: sections from title adornments, blocks by paragraph; PEP headers.
 
-A section title is a non-indented text line after a blank line (or the start), underlined by one repeated
-punctuation character (at least as long as the title, or 4+ characters), optionally with a matching
-overline. Levels follow the order in which adornment styles first appear, as docutils does. A transition
+A section title is a non-indented text line after a blank line, the start or another title, underlined by one
+repeated punctuation character (at least as long as the title, or 4+ characters), optionally with a matching
+overline. docutils (the reference reST parser) finds the same titles and levels on every PEP of the shared
+corpus (kb_assets_tests/test_chunking_rst_docutils.py); it is ~50x dearer, so the documents stage parses with
+this and stores the result (documents.blocks "rst"). Levels follow the order in which adornment styles first appear, as docutils does. A transition
 (an adornment line between blank lines) and simple-table borders ("=====  =====") are not titles.
 
 A PEP starts with an RFC-822 style header ("PEP: 8", "Title: ...", continuation lines indented) ended by
@@ -16,7 +18,6 @@ import re
 from kb_assets.chunking.core import Lines, Section, clipped, heading_path
 
 _ADORN = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
-_HEADER_FIELD = re.compile(r"^[A-Za-z][A-Za-z0-9-]*:(?:\s|$)")
 
 
 def _adornment(line: str) -> tuple[str, int] | None:
@@ -26,35 +27,23 @@ def _adornment(line: str) -> tuple[str, int] | None:
     return s[0], len(s)
 
 
-def _rfc822_header(lines: list[str]) -> tuple[int, str] | None:
-    """(lines in the header, title) for a PEP-style header at the top, else None."""
-    if not lines or not _HEADER_FIELD.match(lines[0]):
+def _rfc822_header(lines: list[str]) -> tuple[int, str, list[tuple[str, str]]] | None:
+    """(lines in the header, title, its fields) for a PEP-style header at the top, else None."""
+    from kb_assets.sources.textutil import header_dict, rfc822_header
+
+    header = rfc822_header(lines)
+    if header is None:
         return None
-    fields: dict[str, str] = {}
-    key = None
-    j = 0
-    while j < len(lines) and lines[j].strip():
-        line = lines[j]
-        if _HEADER_FIELD.match(line):
-            k, _, v = line.partition(":")
-            key = k.strip().lower()
-            fields[key] = v.strip()
-        elif line[:1].isspace() and key:
-            fields[key] += " " + line.strip()
-        else:
-            return None
-        j += 1
-        if j > 200:
-            return None
-    if len(fields) < 2:
-        return None
+    pairs, end = header
+    fields = header_dict(pairs)
     title = fields.get("title", "")
     if fields.get("pep"):
         title = f"PEP {fields['pep']}: {title}" if title else f"PEP {fields['pep']}"
-    return j, title
+    return end, title, pairs
 
 
-_ADORN_LINE = re.compile(r"^([!-/:-@\[-`{-~])\1+[ \t\r]*$", re.M)
+# An adornment line: one punctuation character repeated (a single one only underlines a one-character title).
+_ADORN_LINE = re.compile(r"^([!-/:-@\[-`{-~])\1*[ \t\r]*$", re.M)
 
 
 def rst_titles(raw: list[str], start: int, lines: Lines) -> list[tuple[int, int, int, str]]:
@@ -69,8 +58,9 @@ def rst_titles(raw: list[str], start: int, lines: Lines) -> list[tuple[int, int,
         if j < consumed:
             continue
         ch = m.group(1)
+        ulen = len(m.group().rstrip())
         # overline + title + underline
-        if (j + 2 < n and (j == start or not raw[j - 1].strip()) and raw[j + 1].strip()
+        if (ulen > 1 and j + 2 < n and (j == start or not raw[j - 1].strip()) and raw[j + 1].strip()
                 and _adornment(raw[j + 1]) is None):
             under = _adornment(raw[j + 2])
             if under is not None and under[0] == ch:
@@ -84,9 +74,8 @@ def rst_titles(raw: list[str], start: int, lines: Lines) -> list[tuple[int, int,
         line = raw[t]
         if not line.strip() or line[0].isspace() or _adornment(line) is not None:
             continue
-        if t > start and raw[t - 1].strip():
-            continue
-        ulen = len(m.group().rstrip())
+        if t > start and t != consumed and raw[t - 1].strip():
+            continue        # a title follows a blank line, or the previous title's underline (as in docutils)
         if ulen >= len(line.rstrip()) or ulen >= 4:
             out.append(_title(styles, (ch, False), t, j + 1, line))
             consumed = j + 1
@@ -99,14 +88,44 @@ def _title(styles: list[tuple[str, bool]], style: tuple[str, bool], a: int, b: i
     return a, b, styles.index(style) + 1, text.strip()
 
 
-def rst_sections(text: str, lines: Lines) -> list[Section]:
+# documents.blocks for a reST document (the documents stage's one parse, read by the chunker and the extractive
+# signposter): {"v": BLOCKS_VERSION, "rst": {"hdr": [header lines, title, [[key, value], ...]] or null,
+# "titles": [[first line, end line, level, title], ...] from the header's end on}}.
+
+def rst_structure(text: str, lines: Lines | None = None) -> dict:
+    """The header and section titles of a reST text, in the stored form (lines of `text` split on "\\n")."""
+    lines = lines or Lines(text)
     raw = text.split("\n")
+    header = _rfc822_header(raw)
+    start = header[0] if header is not None else 0
+    return {"hdr": [header[0], header[1], [list(p) for p in header[2]]] if header is not None else None,
+            "titles": [list(t) for t in rst_titles(raw, start, lines)]}
+
+
+def rst_from_stored(stored) -> dict | None:
+    """The "rst" part of a documents.blocks value, or None when it holds none usable (NULL, older version)."""
+    from kb_assets.chunking.markdown import BLOCKS_VERSION
+
+    if not isinstance(stored, dict) or stored.get("v") != BLOCKS_VERSION:
+        return None
+    rst = stored.get("rst")
+    if not isinstance(rst, dict) or not isinstance(rst.get("titles"), list):
+        return None
+    return rst
+
+
+def rst_sections(text: str, lines: Lines, stored: dict | None = None) -> list[Section]:
+    """Sections of a reST text. stored: its documents.blocks (`rst_structure` as the documents stage wrote it):
+    read instead of parsing again; without it (a row written before BLOCKS_VERSION 2) the text is parsed."""
+    rst = rst_from_stored(stored)
+    if rst is None:
+        rst = rst_structure(text, lines)
     sections: list[Section] = []
     root: list[str] = []
     start = 0
-    header = _rfc822_header(raw)
-    if header is not None:
-        end, title = header
+    header = rst.get("hdr")
+    if header:
+        end, title = int(header[0]), header[1]
         if title:
             root = [title]
         r = lines.char_range(0, end)
@@ -116,7 +135,7 @@ def rst_sections(text: str, lines: Lines) -> list[Section]:
     stack: list[tuple[int, str]] = []
     heading = heading_path(root)
     head = None
-    for first, end, level, title in rst_titles(raw, start, lines):
+    for first, end, level, title in rst["titles"]:
         _emit(sections, lines, heading, head, start, first)
         while stack and stack[-1][0] >= level:
             stack.pop()

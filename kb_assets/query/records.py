@@ -303,13 +303,11 @@ _UNDERLINE = re.compile(r"^\s*([=\-~^*#+`.:_])\1{2,}\s*$")
 
 def first_prose(text: str, limit: int) -> str:
     """The first lines of real prose: skips front matter, header blocks, headings, rules and code fences."""
+    from kb_assets.sources.textutil import front_matter_end
+
+    text = text[front_matter_end(text):]             # YAML front matter, bounded by the readers' one rule
     lines = text.splitlines()
     i = 0
-    if lines and lines[0].strip() == "---":                       # YAML front matter
-        for j in range(1, min(len(lines), 200)):
-            if lines[j].strip() in ("---", "..."):
-                i = j + 1
-                break
     out: list[str] = []
     in_fence = False
     in_header = True

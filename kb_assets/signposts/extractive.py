@@ -38,9 +38,11 @@ MAX_WORK_TYPES = 5
 
 # Bump when the heuristics change: extractive signposts are then regenerated (cheaply) on the next run, without
 # touching LLM signposts. The schema version is part of it.
-ALGORITHM_VERSION = 3     # 2: rationales are reasons (issue 13 §4), artifacts are file paths, no CTE tables;
+ALGORITHM_VERSION = 4     # 2: rationales are reasons (issue 13 §4), artifacts are file paths, no CTE tables;
 #                           3: markdown headings from the index's one heading parser (HTML blocks, indented ATX),
 #                              reST titles from the chunker's adornment parser (a simple-table border is no title)
+#                           4: the chunker's shape decision (work items, markdown-looking notes read as markdown;
+#                              reST headings are its titles only), the reST title rules docutils agrees with
 
 
 class ExtractiveSignposter:
@@ -234,28 +236,32 @@ def _parse_front_matter(lines: list[str]) -> tuple[dict[str, str], int]:
     return out, text.count("\n", 0, end) + (0 if text[end - 1] == "\n" else 1)
 
 
-def _parse_header_fields(lines: list[str], start: int) -> tuple[dict[str, str], int]:
-    """PEP / RFC-822 style 'Key: value' lines (with indented continuations) at the top of the document."""
+_SIGNPOST_HEADER_KEY = re.compile(r"[A-Z][A-Za-z-]{1,30}")
+
+
+def _parse_header_fields(lines: list[str], start: int, stored: dict | None = None) -> tuple[dict[str, str], int]:
+    """PEP / RFC-822 style 'Key: value' lines (with indented continuations) at the top of the document, from the
+    index's one header parser (sources/textutil.rfc822_header), taken as a metadata header when its keys are
+    capitalised words and one of them is a metadata key. stored: the reST structure of the documents stage
+    (documents.blocks "rst"), whose header was parsed from line 0 by that parser: used when the header starts
+    there, instead of parsing again."""
+    from kb_assets.sources.textutil import header_dict, rfc822_header
+
     i = start
     while i < len(lines) and not lines[i].strip():
         i += 1
-    out: dict[str, str] = {}
-    last = None
-    j = i
-    while j < len(lines):
-        line = lines[j]
-        if not line.strip():
-            break
-        m = _HEADER_FIELD.match(line)
-        if m:
-            last = m.group(1).lower()
-            out[last] = m.group(2).strip()
-        elif last and line[:1] in (" ", "\t"):
-            out[last] = (out[last] + " " + line.strip()).strip()
-        else:
-            return {}, start
-        j += 1
-    if len(out) >= 2 and any(k in _META_KEYS for k in out):
+    if stored is not None and i == 0:
+        hdr = stored.get("hdr")
+        header = ([(k, v) for k, v in hdr[2]], int(hdr[0])) if hdr else None
+    else:
+        header = rfc822_header(lines, i, max_lines=len(lines))
+    if header is None:
+        return {}, start
+    pairs, j = header
+    if not all(_SIGNPOST_HEADER_KEY.fullmatch(k) for k, _ in pairs):
+        return {}, start
+    out = header_dict(pairs)
+    if any(k in _META_KEYS for k in out):
         return out, j
     return {}, start
 
@@ -292,29 +298,40 @@ def _markdown_headings(lines: list[str], stored: dict | None = None) -> dict[int
     return out
 
 
-def _rst_headings(lines: list[str], start: int) -> dict[int, tuple[str, int, int]]:
+def _rst_headings(lines: list[str], start: int, stored: dict | None = None) -> dict[int, tuple[str, int, int]]:
     """{0-based line: (title, level, lines consumed)} of the reST section titles from line `start` on, from the
     index's one adornment parser (the chunker's chunking/rst.rst_titles: docutils' rules, levels in order of
-    first appearance, an overlined style distinct from the same underline alone)."""
+    first appearance, an overlined style distinct from the same underline alone). stored: the documents stage's
+    reST structure (documents.blocks "rst"), its titles from the header's end on: used when that is `start`."""
     from kb_assets.chunking.core import Lines
     from kb_assets.chunking.rst import rst_titles
 
-    text = "\n".join(lines)
-    try:
-        titles = rst_titles(lines, start, Lines(text))
-    except Exception:
-        return {}
+    if stored is not None and start == (int(stored["hdr"][0]) if stored.get("hdr") else 0):
+        titles = stored["titles"]
+    else:
+        text = "\n".join(lines)
+        try:
+            titles = rst_titles(lines, start, Lines(text))
+        except Exception:
+            return {}
     return {first: (title, level, end - first) for first, end, level, title in titles}
 
 
-def parse_document(text: str, fallback_title: str = "", *, markdown: bool = False,
+def parse_document(text: str, fallback_title: str = "", *, markdown: bool = False, rst: bool = False,
                    blocks: dict | None = None) -> ParsedDoc:
-    """markdown: headings come from the index's one markdown heading parser; else ATX lines and the reST titles
-    of the chunker's adornment parser. blocks: the text's documents.blocks (the documents stage's scan), read
-    instead of scanning where it is this scan exactly."""
+    """markdown: headings come from the index's one markdown heading parser; rst (a reST document, as the
+    chunker shapes it): the reST titles of the chunker's adornment parser only; else ATX lines (transcript turns)
+    and those reST titles. blocks: the text's documents.blocks (the documents stage's parse), read instead of
+    parsing where it is this parse exactly."""
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    # the stored reST structure counts lines of the text split on "\n" only: it is these lines without a CR
+    rst_stored = None
+    if not markdown and "\r" not in text:
+        from kb_assets.chunking.rst import rst_from_stored
+
+        rst_stored = rst_from_stored(blocks)
     header, pos = _parse_front_matter(lines)
-    fields, pos2 = _parse_header_fields(lines, pos)
+    fields, pos2 = _parse_header_fields(lines, pos, rst_stored if pos == 0 else None)
     header.update({k: v for k, v in fields.items() if k not in header})
     pos = pos2
 
@@ -327,7 +344,7 @@ def parse_document(text: str, fallback_title: str = "", *, markdown: bool = Fals
     i = pos
     current: Section | None = None
     md_heads = _markdown_headings(lines, blocks) if markdown else None
-    rst_heads = {} if markdown else _rst_headings(lines, pos)
+    rst_heads = {} if markdown else _rst_headings(lines, pos, rst_stored)
 
     def add_line(line: str) -> None:
         (current.lines if current is not None else preamble).append(line)
@@ -349,7 +366,7 @@ def parse_document(text: str, fallback_title: str = "", *, markdown: bool = Fals
             continue
         heading: tuple[str, int] | None = None
         consumed = 1
-        m = None if md_heads is not None else _ATX.match(line)
+        m = None if md_heads is not None or rst else _ATX.match(line)
         if md_heads is not None:
             if i in md_heads:
                 title_text, level, consumed = md_heads[i]
@@ -1387,13 +1404,25 @@ def _session_summary(doc: SignpostInput, parsed: ParsedDoc, artifacts: list[str]
     return shorten(text, SUMMARY_CHARS)
 
 
-_MARKDOWN_SUFFIXES = frozenset({".md", ".markdown", ".mdx", ".mdown", ".mkd", ".mkdn", ".ipynb"})
+def _is_markdown(doc: SignpostInput) -> bool:
+    """Whether the chunker reads the document as markdown (chunking.detect_shape: a markdown extension, a
+    work item, a session or README-like text that looks like markdown): one shape decision for both, so the
+    signposter reads the documents stage's stored scan wherever the chunker does."""
+    return _shape(doc) in ("markdown", "work_item", "session")
+
+
+def _shape(doc: SignpostInput) -> str:
+    from kb_assets.chunking import detect_shape
+    from kb_assets.models import SourceDocument
+
+    return detect_shape(SourceDocument(path=doc.path, kind=doc.kind, title=doc.title, text=doc.text, meta={}))
 
 
 def extract_document(doc: SignpostInput) -> dict:
     meta = doc.meta or {}
+    shape = _shape(doc)
     parsed = parse_document(doc.text, fallback_title=doc.title or PurePosixPath(doc.path).stem,
-                            markdown=PurePosixPath(doc.path.split("#", 1)[0]).suffix.lower() in _MARKDOWN_SUFFIXES,
+                            markdown=shape in ("markdown", "work_item", "session"), rst=shape == "rst",
                             blocks=doc.blocks)
     title = doc.title or parsed.title or PurePosixPath(doc.path).stem
     artifacts = extract_artifacts(doc.text, meta)

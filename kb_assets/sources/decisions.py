@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 from kb_assets.sources.textutil import (
-    Heading, as_list, clean_inline, first_title, headings, normalize_date,
+    Heading, as_list, clean_inline, first_title, header_dict, headings, normalize_date, rfc822_header,
 )
 
 # Canonical statuses, most specific first (the first rule whose words occur in the raw status wins).
@@ -347,7 +347,6 @@ def _section_text(lines: list[str], hs: list[Heading], names: tuple[str, ...]) -
 # --- PEP --------------------------------------------------------------------------------------------
 
 _PEP_HEAD_RE = re.compile(r"^PEP:\s*(\d+)\s*$")
-_HEADER_LINE_RE = re.compile(r"^([A-Za-z][A-Za-z\-]*):\s*(.*)$")
 
 
 def _strip_emails(value: str) -> str:
@@ -361,17 +360,8 @@ def is_pep(text: str) -> bool:
 
 def parse_pep(text: str, path: str) -> dict[str, Any]:
     """RFC 822 style header block of a PEP (PEP:, Title:, Author:, Status:, Type:, Created:, ...)."""
-    header: dict[str, str] = {}
-    last: str | None = None
-    for line in text.split("\n")[:80]:
-        if not line.strip():
-            break
-        m = _HEADER_LINE_RE.match(line)
-        if m and not line[0].isspace():
-            last = m.group(1).lower()
-            header[last] = m.group(2).strip()
-        elif last and line[:1].isspace():
-            header[last] = (header[last] + " " + line.strip()).strip()
+    parsed = rfc822_header(text.split("\n", 200)[:200])      # the index's one header parser (the reST chunker's)
+    header = header_dict(parsed[0]) if parsed is not None else {}
     res = RefResolver(path)
     meta: dict[str, Any] = {"format": "pep"}
     number = int(header.get("pep", "0") or 0)

@@ -111,12 +111,43 @@ def as_list(value: Any) -> list[str]:
     return out[:100]
 
 
+# --- RFC 822 style headers (PEPs) ------------------------------------------------------------------
+
+_HEADER_FIELD_RE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):(?:\s|$)")
+
+
+def rfc822_header(lines: list[str], start: int = 0, max_lines: int = 200) -> tuple[list[tuple[str, str]], int] | None:
+    """A "Key: value" header from line `start` (a PEP's "PEP: 8", "Title: ...", continuation lines indented),
+    ended by a blank line or the end: ([(key as written, value), ...] in order, continuations joined; the line
+    after it), or None when a line is neither a field nor a continuation, the header runs past max_lines, or it
+    has fewer than two distinct keys. The one header parser of the index: the PEP reader, the reST chunker and
+    the extractive signposter read a header through it."""
+    fields: list[list[str]] = []
+    j = start
+    n = len(lines)
+    while j < n and lines[j].strip():
+        line = lines[j]
+        m = _HEADER_FIELD_RE.match(line)
+        if m:
+            fields.append([m.group(1), line[m.end(1) + 1:].strip()])
+        elif line[:1].isspace() and fields:
+            fields[-1][1] = (fields[-1][1] + " " + line.strip()).strip()
+        else:
+            return None
+        j += 1
+        if j - start > max_lines:
+            return None
+    if len({k.lower() for k, _ in fields}) < 2:
+        return None
+    return [(k, v) for k, v in fields], j
+
+
+def header_dict(fields: list[tuple[str, str]]) -> dict[str, str]:
+    """{lower-cased key: value} of `rfc822_header` fields (a repeated key: its last value)."""
+    return {k.lower(): v for k, v in fields}
+
+
 # --- markdown structure ----------------------------------------------------------------------------
-
-_ATX_RE = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?[ \t]*#*[ \t]*$")
-_FENCE_RE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-_SETEXT_RE = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")
-
 
 @dataclass
 class Heading:
@@ -131,12 +162,14 @@ def headings(lines: list[str]) -> list[Heading]:
 
 
 def iter_headings(lines: list[str]) -> Iterator[Heading]:
-    """headings(), one at a time: the chunker's heading parser (chunking/markdown.block_structure, markdown-it's
-    block rules), so the readers, the titles and the chunks' heading paths see the same headings."""
-    from kb_assets.chunking.markdown import _NOT_SETEXT, block_structure
+    """headings(), one at a time: the chunker's heading parser over the chunker's view of the text
+    (chunking/markdown.view_blocks: markdown-it's block rules, front matter and lone CRs blanked, lines split on
+    "\\n" as `lines` are), so the readers, the titles and the chunks' heading paths see the same headings, and
+    the documents stage scans each text once for the readers and documents.blocks."""
+    from kb_assets.chunking.markdown import _NOT_SETEXT, view_blocks
 
     try:
-        blocks = block_structure("\n".join(lines))
+        blocks = view_blocks("\n".join(lines))[0]
     except Exception:      # hostile input: no headings rather than no document
         return
     for kind, a, b, level, title, _comment in blocks:
