@@ -196,7 +196,10 @@ def _set_coordinator(dagster_yaml: Path, coordinator: str) -> None:
         conf["run_coordinator"] = {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"}
     elif coordinator == "prompt":
         conf["run_coordinator"] = {**PROMPT, "config": queue}
-    else:
+    else:   # the run limits go to `concurrency: runs:` (Dagster refuses them in run_queue beside `concurrency:`)
+        runs = {k: queue.pop(k) for k in ("max_concurrent_runs", "tag_concurrency_limits") if k in queue}
+        if runs:
+            conf.setdefault("concurrency", {}).setdefault("runs", {}).update(runs)
         conf["run_queue"] = queue
     dagster_yaml.write_text(yaml.safe_dump(conf, sort_keys=False))
 

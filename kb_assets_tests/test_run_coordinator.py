@@ -20,7 +20,7 @@ def _instance(tmp_path: Path, **queue_config):
     home.mkdir()
     shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
     conf = yaml.safe_load((home / "dagster.yaml").read_text())
-    conf["run_coordinator"]["config"].update(queue_config)
+    conf["concurrency"]["runs"].update(queue_config)     # the run limits live there (Dagster's config)
     (home / "dagster.yaml").write_text(yaml.safe_dump(conf))
     return dg.DagsterInstance.from_config(str(home))
 
@@ -43,7 +43,7 @@ def test_both_instance_files_name_the_prompt_coordinator():
         assert conf["run_coordinator"]["class"] == "PromptRunCoordinator", path
         assert "run_queue" not in conf, path      # Dagster refuses both
         assert conf["run_coordinator"]["config"]["dequeue_interval_seconds"] == 1
-        assert conf["run_coordinator"]["config"]["max_concurrent_runs"] >= 1
+        assert conf["concurrency"]["runs"]["max_concurrent_runs"] >= 1
 
 
 def test_room_now_only_when_the_queue_is_empty_and_under_the_limit(tmp_path):
