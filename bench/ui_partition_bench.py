@@ -25,7 +25,8 @@ process (a process per step, Dagster's default: the "before" of issue 11). --deq
 `run_queue: dequeue_interval_seconds` (the repo's files: 1). --coordinator prompt|queued|default puts kb's
 PromptRunCoordinator (the repo's files), Dagster's QueuedRunCoordinator or its DefaultRunCoordinator in the temp
 dagster.yaml (default: the copied file's).
---py-spy PREFIX profiles the webserver's and the daemon's process trees (run workers included) during the runs.
+--py-spy PREFIX profiles the webserver and the daemon during the runs (py-spy --subprocesses; on this machine
+it sampled the webserver's own process only, not the run workers its code server spawns).
 
 Bounded: every wait has a timeout (--deadline for the whole UI part); every process group is killed and the
 work folder removed at the end (unless --work or --keep).
@@ -259,9 +260,8 @@ def _kill_leftovers(marker: str) -> None:
 
 
 def _start_py_spy(prefix: str, procs: Procs) -> list:
-    """py-spy on the process trees that launch runs: the daemon (queued runs) and the webserver (the
-    DefaultRunCoordinator launches from the process that received the mutation); each code server's run
-    workers are its children, followed by --subprocesses."""
+    """py-spy on the processes that launch runs: the daemon (queued runs) and the webserver (runs that start
+    at once are launched by the process that received the mutation)."""
     exe = os.environ.get("PY_SPY") or shutil.which("py-spy")
     if not exe:
         raise SystemExit("--py-spy: no py-spy ($PY_SPY or PATH)")
@@ -493,8 +493,8 @@ def main() -> int:
     ap.add_argument("--executor", choices=("in_process", "multiprocess"), default=None,
                     help="KB_DAGSTER_EXECUTOR for every process (default: the code location's, in_process)")
     ap.add_argument("--py-spy", default=None, metavar="PREFIX",
-                    help="profile the runs: py-spy (from $PY_SPY or PATH) records the webserver's and the daemon's "
-                         "process trees (--subprocesses, 100 Hz, raw stacks) into PREFIX.<process>.raw")
+                    help="profile the runs: py-spy (from $PY_SPY or PATH) records the webserver and the daemon "
+                         "(--subprocesses, 100 Hz, raw stacks) into PREFIX.<process>.raw")
     ap.add_argument("--coordinator", choices=("prompt", "queued", "default"), default=None,
                     help="the run coordinator in the temp dagster.yaml (default: as the copied file says)")
     ap.add_argument("--dequeue-interval", type=int, default=None,
