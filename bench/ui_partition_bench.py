@@ -22,7 +22,11 @@
 event and schedule storage) against a PostgreSQL of its own (pgserver, database `dagster`); the default, sqlite,
 is the repo's dagster.yaml (a developer's `dg dev`). --executor multiprocess sets KB_DAGSTER_EXECUTOR for every
 process (a process per step, Dagster's default: the "before" of issue 11). --dequeue-interval N overrides
-`run_queue: dequeue_interval_seconds` (the repo's files: 1).
+`run_queue: dequeue_interval_seconds` (the repo's files: 1). --coordinator prompt|queued|default puts kb's
+PromptRunCoordinator (the repo's files), Dagster's QueuedRunCoordinator or its DefaultRunCoordinator in the temp
+dagster.yaml (default: the copied file's).
+--py-spy PREFIX profiles the webserver and the daemon during the runs (py-spy --subprocesses; on this machine
+it sampled the webserver's own process only, not the run workers its code server spawns).
 
 Bounded: every wait has a timeout (--deadline for the whole UI part); every process group is killed and the
 work folder removed at the end (unless --work or --keep).
@@ -165,12 +169,48 @@ def _stop_embedded_pg(work: Path) -> None:
         time.sleep(0.2)
 
 
+PROMPT = {"module": "kb_assets.defs.run_coordinator", "class": "PromptRunCoordinator"}
+
+
 def _set_dequeue_interval(dagster_yaml: Path, seconds: int) -> None:
     import yaml
 
     conf = yaml.safe_load(dagster_yaml.read_text()) or {}
-    conf.setdefault("run_queue", {})["dequeue_interval_seconds"] = seconds
+    if "run_coordinator" in conf:
+        conf["run_coordinator"].setdefault("config", {})["dequeue_interval_seconds"] = seconds
+    else:
+        conf.setdefault("run_queue", {})["dequeue_interval_seconds"] = seconds
     dagster_yaml.write_text(yaml.safe_dump(conf, sort_keys=False))
+
+
+def _set_coordinator(dagster_yaml: Path, coordinator: str) -> None:
+    """`prompt`: kb's PromptRunCoordinator (the repo's files); `queued`: Dagster's QueuedRunCoordinator
+    (`run_queue:` config); `default`: the DefaultRunCoordinator (the process that receives the launch starts
+    the run at once, no run limit)."""
+    import yaml
+
+    conf = yaml.safe_load(dagster_yaml.read_text()) or {}
+    queue = dict((conf.pop("run_coordinator", None) or {}).get("config") or conf.pop("run_queue", None)
+                 or {"dequeue_interval_seconds": 1})
+    conf.pop("run_queue", None)
+    if coordinator == "default":
+        conf["run_coordinator"] = {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"}
+    elif coordinator == "prompt":
+        conf["run_coordinator"] = {**PROMPT, "config": queue}
+    else:   # the run limits go to `concurrency: runs:` (Dagster refuses them in run_queue beside `concurrency:`)
+        runs = {k: queue.pop(k) for k in ("max_concurrent_runs", "tag_concurrency_limits") if k in queue}
+        if runs:
+            conf.setdefault("concurrency", {}).setdefault("runs", {}).update(runs)
+        conf["run_queue"] = queue
+    dagster_yaml.write_text(yaml.safe_dump(conf, sort_keys=False))
+
+
+def _coordinator_of(dagster_yaml: Path) -> str:
+    import yaml
+
+    conf = yaml.safe_load(dagster_yaml.read_text()) or {}
+    cls = str((conf.get("run_coordinator") or {}).get("class"))
+    return "default" if "DefaultRunCoordinator" in cls else "prompt" if cls == PROMPT["class"] else "queued"
 
 
 def _start_dagster_pg(pgdata: Path) -> str:
@@ -219,6 +259,31 @@ def _kill_leftovers(marker: str) -> None:
                 pass
 
 
+def _start_py_spy(prefix: str, procs: Procs) -> list:
+    """py-spy on the processes that launch runs: the daemon (queued runs) and the webserver (runs that start
+    at once are launched by the process that received the mutation)."""
+    exe = os.environ.get("PY_SPY") or shutil.which("py-spy")
+    if not exe:
+        raise SystemExit("--py-spy: no py-spy ($PY_SPY or PATH)")
+    spies = []
+    for name, p in procs.procs:
+        out = f"{prefix}.{name}.raw"
+        spies.append(subprocess.Popen([exe, "record", "--subprocesses", "-r", "100", "-f", "raw", "-o", out,
+                                       "-p", str(p.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    time.sleep(2)   # py-spy attached before the first launch
+    return spies
+
+
+def _stop_py_spy(spies: list) -> None:
+    for s in spies:
+        s.send_signal(signal.SIGINT)
+    for s in spies:
+        try:
+            s.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            s.kill()
+
+
 class Bench:
     def __init__(self, http, procs: Procs, deadline: float):
         self.http, self.procs, self.deadline = http, procs, deadline
@@ -257,8 +322,13 @@ class Bench:
         return None
 
     def queue_daemon_healthy(self):
+        """The daemon's run queue (QueuedRunCoordinator); without one (DefaultRunCoordinator) every daemon
+        the instance requires (the sensors, schedules: what starts runs on its own)."""
         statuses = self.gql(DAEMON_Q)["instance"]["daemonHealth"]["allDaemonStatuses"]
-        return any(s["daemonType"] == "QUEUED_RUN_COORDINATOR" and s["healthy"] for s in statuses) or None
+        if any(s["daemonType"] == "QUEUED_RUN_COORDINATOR" for s in statuses):
+            return any(s["daemonType"] == "QUEUED_RUN_COORDINATOR" and s["healthy"] for s in statuses) or None
+        required = [s for s in statuses if s["required"]]
+        return (bool(required) and all(s["healthy"] for s in required)) or None
 
     def launch_params(self) -> dict:
         """What the UI sends for one partition of job kb_index (executionParamsForAssetJob + partition tags)."""
@@ -363,6 +433,7 @@ def _breakdown(wall0: float, run: dict, events: list[dict]) -> dict:
     # launch → RUN_STARTING: in the daemon's run queue (dequeued every dequeue_interval_seconds, default 5),
     # then the run launcher spawning the run worker (there is no RUN_DEQUEUED event)
     out["queued_s"] = gap(wall0, first.get("RUN_STARTING"))
+    out["enqueued"] = bool({"RUN_ENQUEUED", "PIPELINE_ENQUEUED"} & set(first))   # False: started without the queue
     out["worker_start_s"] = gap(first.get("RUN_STARTING"), first.get("RUN_START"))   # process + imports + defs
     out["steps_wall_s"] = gap(first.get("RUN_START"), last.get("RUN_SUCCESS"))       # executor: steps + workers
     out["step_worker_s_sum"] = round(sum(worker_start), 2) if worker_start else None
@@ -421,6 +492,11 @@ def main() -> int:
                          "(dagster-postgres, on a pgserver of its own)")
     ap.add_argument("--executor", choices=("in_process", "multiprocess"), default=None,
                     help="KB_DAGSTER_EXECUTOR for every process (default: the code location's, in_process)")
+    ap.add_argument("--py-spy", default=None, metavar="PREFIX",
+                    help="profile the runs: py-spy (from $PY_SPY or PATH) records the webserver and the daemon "
+                         "(--subprocesses, 100 Hz, raw stacks) into PREFIX.<process>.raw")
+    ap.add_argument("--coordinator", choices=("prompt", "queued", "default"), default=None,
+                    help="the run coordinator in the temp dagster.yaml (default: as the copied file says)")
     ap.add_argument("--dequeue-interval", type=int, default=None,
                     help="run_queue dequeue_interval_seconds in the temp dagster.yaml (the repo's: 1; Dagster's: 5)")
     args = ap.parse_args()
@@ -461,8 +537,11 @@ def main() -> int:
             shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")   # sqlite storage, telemetry off, pools
         if args.executor:
             env["KB_DAGSTER_EXECUTOR"] = args.executor
+        if args.coordinator:
+            _set_coordinator(home / "dagster.yaml", args.coordinator)
         if args.dequeue_interval is not None:
             _set_dequeue_interval(home / "dagster.yaml", args.dequeue_interval)
+        args.coordinator = _coordinator_of(home / "dagster.yaml")   # what ran, for the doc
         shutil.copy(ROOT / "workspace.yaml", ui / "workspace.yaml")  # python_module kb_assets.definitions
         env.update(DAGSTER_HOME=str(home), KB_CONFIG=str(cfg), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                    PYTHONPATH=str(ROOT), PATH=f"{BIN}:{env.get('PATH', '')}")
@@ -487,15 +566,17 @@ def main() -> int:
                   f"{len(params['selector']['assetCheckSelection'])} checks, tags "
                   f"{[t['key'] for t in params['executionMetadata']['tags']]}", flush=True)
             plan = [("", params)] * args.runs
+            spies = _start_py_spy(args.py_spy, procs) if args.py_spy else []
             for i, (label, p) in enumerate(plan):
                 r = b.one_run(p, args.run_timeout, label)
                 rows.append(r)
                 print(f"run {i + 1} {label}: {r['status']} · launch → SUCCESS seen {r['ui_s']} s · run {r['run_s']} s · "
-                      f"queued {r['queued_s']} s · worker start {r['worker_start_s']} s · steps {r['steps_wall_s']} s "
+                      f"queued {r['queued_s']} s (enqueued {r['enqueued']}) · worker start {r['worker_start_s']} s · steps {r['steps_wall_s']} s "
                       f"· embedded {r['chunks_embedded']} · llm {r['llm_calls']} · reused {r['regression_reused']}",
                       flush=True)
                 print("   steps: " + ", ".join(f"{k} {v}" for k, v in sorted(r["step_s"].items(), key=lambda x: -x[1])),
                       flush=True)
+            _stop_py_spy(spies)
         up_after = _uptime()
     finally:
         if procs:
@@ -548,7 +629,12 @@ def _doc_text(cmd, when, up_before, up_after, first, loaded_s, ready_s, rows, ta
     storage = ("dagster-postgres (docker/dagster.yaml, as deployed; its own pgserver)" if args.storage == "postgres"
                else "sqlite (the repo's dagster.yaml, a developer's `dg dev`)")
     executor = args.executor or "in_process (the code location's default)"
-    dq = f"dequeue_interval_seconds: {args.dequeue_interval if args.dequeue_interval is not None else 1}"
+    interval = args.dequeue_interval if args.dequeue_interval is not None else 1
+    dq = {"queued": f"QueuedRunCoordinator, dequeue_interval_seconds: {interval}",
+          "prompt": f"kb's PromptRunCoordinator (the queue, dequeue_interval_seconds: {interval}; a run that "
+                    "finds the queue empty and room under the run limit is started by the webserver at once)",
+          "default": "none (DefaultRunCoordinator: the webserver starts the run when it receives the launch)",
+          }[args.coordinator]
     verdict = _fill(f"**Median {med['ui_s']} s from the click to SUCCESS against the 5 s target "
                     f"({'met' if (med['ui_s'] or 1e9) <= 5 else 'missed'})**, with "
                     f"{', '.join(sorted({str(r['chunks_embedded']) for r in ui}))} chunks embedded, "
@@ -565,8 +651,10 @@ def _doc_text(cmd, when, up_before, up_after, first, loaded_s, ready_s, rows, ta
         f"The NATS ADRs ({first['documents']} documents, {first['chunks']} chunks) indexed first by `kb index`. "
         f"Code location LOADED {loaded_s:.1f} s after the webserver started; daemon healthy at {ready_s:.1f} s.")
     bullets = "\n".join(_fill(b, "  ") for b in (
-        f"- *queued* {med['queued_s']} s — mutation → RUN_STARTING: the run queue (polled every second) and the run "
-        "launcher starting the run worker.",
+        (f"- *queued* {med['queued_s']} s — mutation → RUN_STARTING: the run queue (polled every second) and the "
+         "run launcher starting the run worker." if args.coordinator == "queued" else
+         f"- *queued* {med['queued_s']} s — mutation → RUN_STARTING: no wait in a queue ({args.coordinator} "
+         "coordinator); the webserver creating the run and checking the run limit."),
         f"- *run worker start* {med['worker_start_s']} s — RUN_STARTING → RUN_START: a fresh Python process "
         "(multiprocessing spawn from the code server) importing dagster, its storage (SQLAlchemy, alembic) and "
         "kb_assets, and loading the definitions.",
@@ -577,7 +665,9 @@ def _doc_text(cmd, when, up_before, up_after, first, loaded_s, ready_s, rows, ta
         "writing each step's events (a new storage connection per event: dagster-postgres and sqlite both use "
         "NullPool; sqlite also commits with an fsync each time).",
         f"- Step times of the last run (s): {steps or 'n/a'}."))
-    return f"""{SECTION} — storage {args.storage}, executor {args.executor or 'in_process'}
+    title = f"{SECTION} — storage {args.storage}, executor {args.executor or 'in_process'}" + (
+        {"default": ", DefaultRunCoordinator", "prompt": ", PromptRunCoordinator"}.get(args.coordinator, ""))
+    return f"""{title}
 
 {intro}
 

@@ -80,6 +80,12 @@ def test_checks_tables_and_no_silent_success(project, db_url, capsys):
     assert main(["status", "--config", str(cfg_path)]) == 0
     out = capsys.readouterr().out
     assert "warning:" in out and "docs/adrs/*.md matched" not in out and "'docs/adrs/*.md' matched no file" in out
+    # kb index: the run summary warns too (JSON key, and a warning line beside the text table)
+    assert main(["index", "--config", str(cfg_path), "--json"]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert len(summary["warnings"]) == 1 and "'docs/adrs/*.md' matched no file" in summary["warnings"][0]
+    assert "warning:" in captured.err and "'docs/adrs/*.md' matched no file" in captured.err
 
     # an unknown --kind or --source is an error that lists the valid values (exit 2)
     assert main(["recall", "why postgres", "--config", str(cfg_path), "--kind", "adrs"]) == 2

@@ -224,6 +224,10 @@ def test_compose_topology_sensor_run_and_recall(tmp_path, pg_server_url):
         # Dagster's storage is dagster-postgres in its own database; kb's index in another
         with psycopg.connect(_with_db(pg_server_url, f"dagster_{suffix}")) as c:
             assert c.execute("SELECT count(*) FROM runs").fetchone()[0] >= 2
+            # docker/dagster.yaml's PromptRunCoordinator: with the queue empty and room under the run limit
+            # the sensor's runs started at once (Dagster's QueuedRunCoordinator enqueues every run first)
+            assert c.execute("SELECT count(*) FROM event_logs WHERE dagster_event_type = 'PIPELINE_ENQUEUED'"
+                             ).fetchone()[0] == 0
         from kb_assets.query import recall
 
         result = recall("why do webhooks go through a durable queue?", config=str(kb_yaml))
