@@ -163,7 +163,7 @@ def test_racy_listing_and_pending_work_are_never_recorded(tmp_path, db_url):
 
     notes = tmp_path / "notes"
     notes.mkdir()
-    (notes / "a.md").write_text(_doc("Note a", "note a"))
+    (notes / "a.md").write_text(_doc("Note a", "note a keeps streams for seven days"))
     cfg = tmp_path / "kb.yaml"
     cfg.write_text(json.dumps({"data_dir": str(tmp_path / "data"), "database_url": db_url,
                                "sources": [{"key": "notes", "kind": "doc", "root": str(notes),
@@ -176,7 +176,7 @@ def test_racy_listing_and_pending_work_are_never_recorded(tmp_path, db_url):
     state = source_state.source_fingerprint(loaded, source)
     assert state.trusted and state.fingerprint != racy.fingerprint   # the mtime is part of the listing
     with connect(open_database(loaded)) as conn:
-        sync_documents(conn, loaded, source)              # documents stored, not chunked yet
+        assert sync_documents(conn, loaded, source).new == 1     # stored, not chunked yet
         assert source_state.record_if_complete(conn, racy).startswith("a listed file was modified")
         assert source_state.record_if_complete(conn, state) == "1 documents not chunked"
         assert source_state.stored_fingerprint(conn, "notes") is None
