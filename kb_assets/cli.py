@@ -172,8 +172,8 @@ def _index(args, run) -> int:
         rows = index_run.own_figures(source_status(conn, keys, config=cfg))   # this run's figures only
         for r in rows:
             r["skipped_run"] = r["source"] in skipped_runs
-            if r["skipped_run"]:     # no run: every document is unchanged, nothing else was done
-                r["last_run"] = {"documents": {"source": r["source"], "unchanged": r["documents"]}}
+            if r["skipped_run"]:
+                r["last_run"] = _unchanged_figures(r)
         from kb_assets.guards import glob_warnings
 
         warnings = glob_warnings(conn, cfg, keys)
@@ -193,6 +193,26 @@ def _index(args, run) -> int:
                                                       "kb_assets.sources.roots.TooManyFiles: ")) else err
         console.print(f"[red]kb index: source {key!r} failed:[/red] {escape(err)}", soft_wrap=True)  # one line
     return EXIT_CONFIG if config_failed else 1 if failures else 0
+
+
+def _unchanged_figures(row: dict) -> dict:
+    """The stage figures of a source reported unchanged without a run: the same keys a run reports, with
+    nothing done and every document unchanged (JSON readers of `this_run` see no difference in shape)."""
+    key = row["source"]
+    return {
+        "documents": {"source": key, "listed": row["documents"] + row["skipped"], "new": 0, "changed": 0,
+                      "unchanged": row["documents"], "deleted": 0, "skipped": 0, "skipped_total": row["skipped"],
+                      "skip_reasons": row["skip_reasons"], "commit": row["indexed_commit"], "complete": True,
+                      "read_errors": 0, "seconds": 0.0},
+        "chunks": {"source": key, "documents_chunked": 0, "chunks_written": 0, "chunks_removed": 0,
+                   "chunks_total": row["chunks"], "errors": 0, "seconds": 0.0},
+        "embeddings": {"source": key, "model": row["embedding_model"], "dimension": row["embedding_dimension"],
+                       "chunks_embedded": 0, "batches": 0, "tokens": 0, "reused": row["embedded"],
+                       "missing_after": row["chunks"] - row["embedded"], "seconds": 0.0},
+        "signposts": {"considered": row["documents"], "up_to_date": row["signposted"], "reused": 0,
+                      "generated": 0, "failed": 0, "llm_calls": 0, "input_tokens": 0, "output_tokens": 0,
+                      "estimated_cost_usd": 0.0, "seconds": 0.0},
+    }
 
 
 class _DagsterJob:

@@ -92,7 +92,8 @@ def test_unchanged_sources_are_not_run_and_every_change_is(tmp_path, db_url):
     assert "nothing changed since its last complete run" in err
     by_key = {s["source"]: s for s in out["sources"]}
     assert by_key["notes"]["this_run"]["documents"]["unchanged"] == 2 == by_key["notes"]["documents"]
-    assert all(s["this_run"]["embeddings"] == {} for s in out["sources"])
+    assert all(s["this_run"]["embeddings"]["chunks_embedded"] == 0 == s["this_run"]["signposts"]["llm_calls"]
+               for s in out["sources"])
 
     # a modified file of a folder source: that source runs, the others do not
     (notes / "a.md").write_text(_doc("Note a", "note a keeps streams for ninety days, revised"))
