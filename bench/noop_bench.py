@@ -13,7 +13,9 @@ depend on the machine's load; wall time does (report it with `uptime`'s load ave
 --importtime adds `python -X importtime` to the last nochange run and prints the slowest top-level imports;
 --check-cost then times the regression check alone (unchanged, index changed, and as before this change).
 --work DIR with a folder indexed before: every run, the first one too, is a nothing-changed run.
-Targets (nothing changed): wall <= 3 s, peak RSS <= 300 MB, 0 texts embedded, no model import.
+Targets (nothing changed): wall <= 3 s, peak RSS <= 300 MB, 0 texts embedded, no model import; since the fast
+path (kb_assets/pipeline/source_state.py) no Dagster import either ("no run" column). --forced N adds N runs
+with `kb index --force`, interleaved: the same nothing-changed pass through the Dagster job, as before.
 Results: docs/BENCHMARKS.md, "## nothing-changed kb index".
 """
 from __future__ import annotations
@@ -36,6 +38,7 @@ _RUN = (
     "rc = main(sys.argv[1:])\n"
     "heavy = sorted({m.split('.')[0] for m in sys.modules if any(m == h or m.startswith(h + '.') for h in %r)})\n"
     "print('HEAVY=' + json.dumps(heavy), file=sys.stderr)\n"
+    "print('DAGSTER=' + json.dumps('dagster' in sys.modules), file=sys.stderr)\n"
     "sys.exit(rc)\n" % (HEAVY,))
 
 
@@ -70,11 +73,11 @@ def _seconds(clock: str) -> float:
     return sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
 
 
-def run_index(cfg: Path, *, importtime: bool = False, timeout: float | None = None) -> dict:
+def run_index(cfg: Path, *, importtime: bool = False, timeout: float | None = None, force: bool = False) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env.pop("DAGSTER_HOME", None)      # kb index's own default: an ephemeral Dagster instance
     cmd = ["/usr/bin/time", "-v", sys.executable] + (["-X", "importtime"] if importtime else []) + \
-          ["-c", _RUN, "index", "--config", str(cfg), "--json"]
+          ["-c", _RUN, "index", "--config", str(cfg), "--json"] + (["--force"] if force else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cfg.parent, timeout=timeout)
     if proc.returncode != 0:
         raise SystemExit(f"kb index failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
@@ -90,6 +93,8 @@ def run_index(cfg: Path, *, importtime: bool = False, timeout: float | None = No
         "chunks": sum(s["chunks"] for s in out["sources"]),
         "llm_calls": sum(s["this_run"]["signposts"].get("llm_calls", 0) for s in out["sources"]),
         "heavy_imports": heavy,
+        "dagster": json.loads(next(line for line in err.splitlines() if line.startswith("DAGSTER="))[8:]),
+        "skipped_run": all(s.get("skipped_run") for s in out["sources"]),
         "job_s": out.get("seconds"),
     }
     if importtime:
@@ -145,6 +150,8 @@ def main() -> None:
     ap.add_argument("--nochange", type=int, default=3, help="nothing-changed runs after the first")
     ap.add_argument("--database-url", default=None, help="a running server instead of the embedded one")
     ap.add_argument("--importtime", action="store_true")
+    ap.add_argument("--forced", type=int, default=0,
+                    help="nothing-changed runs with --force (the Dagster job runs), interleaved with --nochange")
     ap.add_argument("--work", default=None, help="work folder (default: a fresh temporary folder)")
     ap.add_argument("--check-cost", action="store_true",
                     help="then the regression check alone: unchanged / index changed / as before (after the runs)")
@@ -154,20 +161,27 @@ def main() -> None:
     root = _corpus_root(args.corpus, work)
     cfg = write_config(work, root, args.database_url)
     rows = [("first", run_index(cfg))]
-    for i in range(args.nochange):
-        rows.append((f"nochange {i + 1}", run_index(cfg, importtime=args.importtime and i == args.nochange - 1)))
+    for i in range(max(args.nochange, args.forced)):
+        if i < args.nochange:
+            rows.append((f"nochange {i + 1}", run_index(cfg, importtime=args.importtime and i == args.nochange - 1)))
+        if i < args.forced:   # interleaved: the same pass through the Dagster job, as before the fast path
+            rows.append((f"forced {i + 1}", run_index(cfg, force=True)))
     load = os.getloadavg()
     print(f"corpus {root} · {rows[0][1]['documents']} documents, {rows[0][1]['chunks']} chunks · "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} · {os.cpu_count()} cores")
-    print(f"{'run':<11} {'wall s':>7} {'cpu s':>6} {'RSS MB':>7} {'embedded':>8} {'llm':>4}  heavy imports")
+    print(f"{'run':<11} {'wall s':>7} {'cpu s':>6} {'RSS MB':>7} {'embedded':>8} {'llm':>4} {'no run':>6} "
+          f"{'dagster':>7}  heavy imports")
     for name, r in rows:
-        print(f"{name:<11} {r['wall_s']:>7} {r['cpu_s']:>6} {r['rss_mb']:>7} {r['embedded']:>8} {r['llm_calls']:>4}  "
-              f"{','.join(r['heavy_imports']) or '-'}")
+        print(f"{name:<11} {r['wall_s']:>7} {r['cpu_s']:>6} {r['rss_mb']:>7} {r['embedded']:>8} {r['llm_calls']:>4} "
+              f"{str(r['skipped_run']):>6} {str(r['dagster']):>7}  {','.join(r['heavy_imports']) or '-'}")
     for name, r in rows:
         if r.get("slowest_imports"):
             print(f"slowest imports ({name}, cumulative s): " +
                   ", ".join(f"{n} {s}" for n, s in r["slowest_imports"]))
     nochange = [r for name, r in rows[1:]]
+    failures_fast = [name for name, r in rows[1:] if name.startswith("nochange") and (r["dagster"] or r["wall_s"] > 3)]
+    if failures_fast:
+        print(f"nothing-changed runs that imported Dagster or took over 3 s: {failures_fast}")
     failures = [f"{k}" for r in nochange for k, bad in (("embedded", r["embedded"] != 0),
                                                         ("heavy imports", bool(r["heavy_imports"])),
                                                         ("rss", r["rss_mb"] > 300)) if bad]

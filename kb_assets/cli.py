@@ -102,21 +102,13 @@ def _index(args, run) -> int:
     capture_runs()
     guard.clear()
 
-    import dagster as dg
-
-    from kb_assets.definitions import defs
     from kb_assets.pipeline import progress as progress_mod
+    from kb_assets.pipeline import source_state
 
-    logging.getLogger("dagster").setLevel(logging.ERROR)
-    definitions = defs() if callable(defs) else defs
-    job = definitions.resolve_job_def("kb_index")
-    # Two first runs on one fresh $DAGSTER_HOME raced on its sqlite schema (alembic "more than one head"):
-    # the instance is opened under a lock of our database.
-    with source_lock(url, ":dagster-instance", check=cancel.check):   # ":" is no source key
-        instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
-    run_config = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+    job = _DagsterJob(url)     # Dagster is imported only when a source has something to do
     console = _console(stderr=True)
     failures = []
+    skipped_runs: set[str] = set()   # sources reported unchanged without a run
     config_failed = False      # a configuration refusal inside a run (max_files...): exit 2, as before a run
     started = time.perf_counter()
     use_bars = sys.stderr.isatty() and not args.quiet
@@ -140,10 +132,25 @@ def _index(args, run) -> int:
                 with source_lock(url, key, wait=not args.no_wait, check=cancel.check,
                                  on_wait=lambda line: console.print(f"kb index: {line}"),
                                  retry_seconds=cfg.database_retry_seconds):
+                    # nothing could have changed since the source's last complete run: no Dagster run
+                    state = source_state.source_fingerprint(cfg, cfg.source(key))
+                    if not args.force:
+                        with _connect(cfg) as conn:
+                            if source_state.unchanged(conn, state):
+                                skipped_runs.add(key)
+                    if key in skipped_runs:
+                        if not args.quiet:
+                            console.print(f"{key}: nothing changed since its last complete run — not run "
+                                          "(--force runs it anyway)")
+                        run.done.append(key)
+                        run.current = None
+                        continue
                     if not use_bars and not args.quiet:
                         console.print(f"indexing {key} …")
-                    result = job.execute_in_process(partition_key=key, instance=instance, run_config=run_config,
-                                                    raise_on_error=False)
+                    result = job.execute(key)
+                    if result.success and not run.stopping and guard.last_unreachable() is None:
+                        with _connect(cfg) as conn:
+                            source_state.record_if_complete(conn, state)   # what the next run compares
                 if run.stopping:
                     break
                 if guard.last_unreachable() is not None:
@@ -163,6 +170,10 @@ def _index(args, run) -> int:
         from kb_assets.store.status import source_status
 
         rows = index_run.own_figures(source_status(conn, keys, config=cfg))   # this run's figures only
+        for r in rows:
+            r["skipped_run"] = r["source"] in skipped_runs
+            if r["skipped_run"]:
+                r["last_run"] = _unchanged_figures(r)
         from kb_assets.guards import glob_warnings
 
         warnings = glob_warnings(conn, cfg, keys)
@@ -182,6 +193,54 @@ def _index(args, run) -> int:
                                                       "kb_assets.sources.roots.TooManyFiles: ")) else err
         console.print(f"[red]kb index: source {key!r} failed:[/red] {escape(err)}", soft_wrap=True)  # one line
     return EXIT_CONFIG if config_failed else 1 if failures else 0
+
+
+def _unchanged_figures(row: dict) -> dict:
+    """The stage figures of a source reported unchanged without a run: the same keys a run reports, with
+    nothing done and every document unchanged (JSON readers of `this_run` see no difference in shape)."""
+    key = row["source"]
+    return {
+        "documents": {"source": key, "listed": row["documents"] + row["skipped"], "new": 0, "changed": 0,
+                      "unchanged": row["documents"], "deleted": 0, "skipped": 0, "skipped_total": row["skipped"],
+                      "skip_reasons": row["skip_reasons"], "commit": row["indexed_commit"], "complete": True,
+                      "read_errors": 0, "seconds": 0.0},
+        "chunks": {"source": key, "documents_chunked": 0, "chunks_written": 0, "chunks_removed": 0,
+                   "chunks_total": row["chunks"], "errors": 0, "seconds": 0.0},
+        "embeddings": {"source": key, "model": row["embedding_model"], "dimension": row["embedding_dimension"],
+                       "chunks_embedded": 0, "batches": 0, "tokens": 0, "reused": row["embedded"],
+                       "missing_after": row["chunks"] - row["embedded"], "seconds": 0.0},
+        "signposts": {"considered": row["documents"], "up_to_date": row["signposted"], "reused": 0,
+                      "generated": 0, "failed": 0, "llm_calls": 0, "input_tokens": 0, "output_tokens": 0,
+                      "estimated_cost_usd": 0.0, "seconds": 0.0},
+    }
+
+
+class _DagsterJob:
+    """The `kb_index` job of the definitions, run in-process; built on the first source that needs a run."""
+
+    def __init__(self, url: str):
+        self._url = url
+        self._job = None
+
+    def execute(self, key: str):
+        from kb_assets.pipeline import cancel
+        from kb_assets.store.locks import source_lock
+
+        if self._job is None:
+            import dagster as dg
+
+            from kb_assets.definitions import defs
+
+            logging.getLogger("dagster").setLevel(logging.ERROR)
+            definitions = defs() if callable(defs) else defs
+            self._job = definitions.resolve_job_def("kb_index")
+            # Two first runs on one fresh $DAGSTER_HOME raced on its sqlite schema (alembic "more than one
+            # head"): the instance is opened under a lock of our database.
+            with source_lock(self._url, ":dagster-instance", check=cancel.check):   # ":" is no source key
+                self._instance = (dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME")
+                                  else dg.DagsterInstance.ephemeral())
+        return self._job.execute_in_process(partition_key=key, instance=self._instance, raise_on_error=False,
+                                            run_config={"loggers": {"console": {"config": {"log_level": "ERROR"}}}})
 
 
 def _failed_on_config(result) -> bool:
@@ -216,6 +275,7 @@ def _run_summary(row: dict) -> dict:
         "embedded": row["embedded"], "signposted": row["signposted"], "skipped": row["skipped"],
         "skip_reasons": row["skip_reasons"], "indexed_commit": row["indexed_commit"],
         "this_run": {stage: last.get(stage, {}) for stage in ("documents", "chunks", "embeddings", "signposts")},
+        "skipped_run": bool(row.get("skipped_run")),   # nothing changed since the last complete run: no run
     }
 
 
@@ -434,6 +494,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--quiet", action="store_true")
     sp.add_argument("--no-wait", action="store_true",
                     help="if another run is indexing a source, exit 3 naming it instead of waiting")
+    sp.add_argument("--force", action="store_true",
+                    help="run every source, also those unchanged since their last complete run")
 
     sp = add("status", cmd_status, "per-source counts, skips with reasons, freshness")
     sp.add_argument("--json", action="store_true")

@@ -5,15 +5,34 @@ query_stats) → signposts → projections (with relations). `query/` only reads
 """
 from __future__ import annotations
 
+import importlib
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from kb_assets.config import KbConfig
-from kb_assets.pipeline.chunks import ChunkStats, chunk_source
-from kb_assets.pipeline.documents import DocumentStats, sync_documents
-from kb_assets.pipeline.embeddings import EmbedStats, embed_source, remove_orphan_vectors
 from kb_assets.pipeline.progress import Progress, null_progress
-from kb_assets.pipeline.search_index import SearchIndexStats, build_search_index, stages_changed
+
+if TYPE_CHECKING:
+    from kb_assets.config import KbConfig
+    from kb_assets.pipeline.chunks import ChunkStats
+    from kb_assets.pipeline.documents import DocumentStats
+    from kb_assets.pipeline.embeddings import EmbedStats
+    from kb_assets.pipeline.search_index import SearchIndexStats
+
+# The stages are imported when first named (PEP 562): `kb index` with nothing to do imports
+# kb_assets.pipeline.cancel / source_state without paying for numpy and every stage module.
+_LAZY = {"ChunkStats": "chunks", "chunk_source": "chunks", "DocumentStats": "documents",
+         "sync_documents": "documents", "EmbedStats": "embeddings", "embed_source": "embeddings",
+         "remove_orphan_vectors": "embeddings", "SearchIndexStats": "search_index",
+         "build_search_index": "search_index", "stages_changed": "search_index"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "ChunkStats", "DocumentStats", "EmbedStats", "SearchIndexStats", "SourceRun", "build_search_index",
@@ -35,6 +54,8 @@ class SourceRun:
 def run_embeddings_stage(conn, embedder, source_key: str | None, *, batch_rows: int = 500,
                          progress: Progress = null_progress, max_batches: int | None = None) -> EmbedStats:
     """Embed what is missing and drop vectors nothing uses (the search-index stage then activates the space)."""
+    from kb_assets.pipeline.embeddings import embed_source, remove_orphan_vectors
+
     stats = embed_source(conn, embedder, source_key=source_key, batch_rows=batch_rows, progress=progress,
                          max_batches=max_batches)
     if stats.missing_after == 0:
@@ -51,6 +72,10 @@ def index_sources(cfg: KbConfig, conn, *, embedder, signposter=None, source_keys
 
     `projections=True` also runs the projections stage once at the end (it writes files under
     cfg.projections_path(), so it is opt-in here: evaluation and the regression set index scratch schemas)."""
+    from kb_assets.pipeline.chunks import chunk_source
+    from kb_assets.pipeline.documents import sync_documents
+    from kb_assets.pipeline.search_index import build_search_index, stages_changed
+
     runs: dict[str, SourceRun] = {}
     for source in cfg.sources:
         if not source.enabled or (source_keys and source.key not in source_keys):

@@ -96,6 +96,9 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
     # signatures.
     from kb_assets.sources.roots import TooManyFiles, check_root
 
+    from kb_assets.pipeline.source_state import forget
+
+    forget(conn, source.key)     # until this run completes, `kb index` must not take the source for unchanged
     check_root(root, source, cfg.config_path)     # before anything is listed or stored
     prev = ensure_source_row(conn, cfg, source)
     changes = discovery.changes_since(root, source, prev) if prev else None

@@ -1,0 +1,197 @@
+"""Nothing changed costs nothing: a cheap fingerprint of everything that could change a source's index.
+
+`kb index` computes it per source before Dagster is imported, compares it with the one recorded by the
+source's last complete, successful run (table `source_state`, migration 012) and, when they are equal,
+reports the source unchanged without a run: no Dagster import, no model, no call.
+
+What the fingerprint covers
+- the source's content: for a git source that indexes commits (`content: HEAD`) the commit it would be
+  indexed at; otherwise the listing the documents stage would make (paths with size:mtime signatures, the
+  recorded skips, and for a git working tree the HEAD commit: `git ls-files --others` sees new untracked
+  files, stat sees edits);
+- the source's settings and every global setting (embedder, signposter, models, query settings... the whole
+  kb.yaml except the other sources);
+- kb's own code and schema (path, size and mtime of every file of the package: an upgrade, or a checkout of
+  other code in an editable install, runs everything again);
+and, not fingerprinted but required for "unchanged", that the projections' T0 file still exists (the tier
+files are rebuilt when someone deleted them).
+
+When it is recorded (record_if_complete): after the source's run succeeded, with no pending work left in
+kb's tables (documents not chunked, chunks without a vector in the active space, signposts to retry), and
+only when no listed file was modified within RACY_SECONDS before the fingerprint was taken (a file written
+twice within one timestamp tick keeps its size:mtime: such a listing is not trusted, as git's racy-clean
+rule). The documents stage forgets the record when any run of the source starts (UI, sensor, schedule, CLI),
+so a run that failed, was killed mid-embedding or was started elsewhere always leads to a real run.
+
+Not covered (use `kb index --force`): someone editing kb's tables by hand, upgrades of dependencies.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from kb_assets.config import KbConfig, SourceConfig
+
+STATE_VERSION = 1          # bump when what the fingerprint covers changes
+RACY_SECONDS = 2.0         # coarsest file timestamp granularity we care about (FAT, some network mounts)
+_CODE_SUFFIXES = (".py", ".sql", ".html", ".txt", ".md", ".jsonl", ".json", ".yaml", ".yml")
+
+
+@dataclass
+class SourceState:
+    source: str
+    fingerprint: str | None            # None: not computable or not to be trusted (see `why`)
+    why: str = ""                      # why fingerprint is None
+    details: dict = field(default_factory=dict)
+    trusted: bool = True               # False: racy listing, compare but never record
+    projections_present: bool = True   # the T0 tier file exists (else a run rebuilds the projections)
+
+
+_code_version: str | None = None
+
+
+def code_version() -> str:
+    """A digest of kb's installed code and migrations (path, size, mtime_ns of each file) and Python's version."""
+    global _code_version
+    if _code_version is None:
+        pkg = Path(__file__).resolve().parent.parent
+        h = hashlib.sha256(f"{sys.version_info[:3]}\0{STATE_VERSION}\n".encode())
+        for dirpath, dirnames, filenames in os.walk(pkg):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.startswith("."))
+            for name in sorted(filenames):
+                if name.endswith(_CODE_SUFFIXES):
+                    p = os.path.join(dirpath, name)
+                    st = os.stat(p)
+                    h.update(f"{os.path.relpath(p, pkg)}\0{st.st_size}:{st.st_mtime_ns}\n".encode())
+        _code_version = h.hexdigest()[:16]
+    return _code_version
+
+
+def settings_digest(cfg: KbConfig, source: SourceConfig) -> str:
+    """The source's settings, its resolved root, and every setting outside `sources`."""
+    glob = cfg.model_dump_json(exclude={"sources"})
+    own = source.model_dump_json()
+    return hashlib.sha256(f"{glob}\0{own}\0{cfg.source_root(source)}\0{cfg.config_path}".encode(
+        "utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def _mtime_ns(sig: str) -> int | None:
+    """The mtime of a worktree signature "size:mtime_ns" (None for a git blob id)."""
+    size, sep, mtime = sig.partition(":")
+    return int(mtime) if sep and mtime.isdigit() else None
+
+
+def source_fingerprint(cfg: KbConfig, source: SourceConfig) -> SourceState:
+    """The source's fingerprint now (never raises: a problem means "run", where the job reports it)."""
+    from kb_assets.sources import discovery
+
+    taken_ns = time.time_ns()
+    try:
+        root = cfg.source_root(source)
+        details: dict = {"state_version": STATE_VERSION, "code": code_version(),
+                         "settings": settings_digest(cfg, source)}
+        trusted = True
+        h = hashlib.sha256()
+        if (discovery.source_enabled(source) and source.content == "HEAD" and root.is_dir()
+                and not discovery.refused_repository(root) and discovery._git_mode(root)):
+            commit = discovery.tip_commit(root, source)
+            details.update(mode="git-commit", commit=commit)
+            if commit is None:
+                return SourceState(source.key, None, "no commit to index yet", details)
+        else:
+            listing = discovery.list_source(root, source)
+            details.update(mode="listing", commit=listing.commit, files=len(listing.files),
+                           skips=len(listing.skips), complete=listing.complete)
+            racy_after = taken_ns - int(RACY_SECONDS * 1e9)
+            for e in listing.files:
+                h.update(f"{e.path}\0{e.sig}\n".encode("utf-8", "surrogateescape"))
+                m = _mtime_ns(e.sig)
+                if m is not None and m >= racy_after:
+                    trusted = False
+            for s in listing.skips:
+                h.update(f"skip\0{s.path}\0{s.reason}\0{s.detail}\n".encode("utf-8", "surrogateescape"))
+            details["listing"] = h.hexdigest()[:16]
+        h.update(json.dumps(details, sort_keys=True, default=str).encode())
+        state = SourceState(source.key, h.hexdigest(), "", details, trusted)
+        # not part of the fingerprint (the first run creates them): a precondition of "unchanged"
+        state.projections_present = (cfg.projections_path() / "index.dsl").is_file()
+        return state
+    except Exception as exc:   # TooManyFiles, a root that became unsafe...: the run says it properly
+        return SourceState(source.key, None, f"{type(exc).__name__}: {exc}")
+
+
+def stored_fingerprint(conn: psycopg.Connection, source_key: str) -> str | None:
+    row = conn.execute("SELECT fingerprint FROM source_state WHERE source_key = %s", (source_key,)).fetchone()
+    return row[0] if row else None
+
+
+def unchanged(conn: psycopg.Connection, state: SourceState) -> bool:
+    """True when the source is as its last complete, successful run left it."""
+    return (state.fingerprint is not None and state.projections_present
+            and stored_fingerprint(conn, state.source) == state.fingerprint)
+
+
+def forget(conn: psycopg.Connection, source_key: str) -> None:
+    """A run of the source starts: until it completes, the source must not be taken for unchanged."""
+    with conn.transaction():
+        conn.execute("DELETE FROM source_state WHERE source_key = %s", (source_key,))
+
+
+def pending_work(conn: psycopg.Connection, source_key: str) -> str | None:
+    """What a re-run would still do for the source (None: nothing): documents not chunked, chunks without
+    a vector in the active space, signposts to generate or retry (parked ones wait for a change)."""
+    from kb_assets.store import spaces
+
+    unchunked, unsignposted = conn.execute(
+        """SELECT count(*) FILTER (WHERE d.chunked_hash IS DISTINCT FROM d.content_hash),
+                  count(*) FILTER (WHERE (st.content_hash IS DISTINCT FROM d.content_hash
+                                          OR COALESCE(st.stale OR st.failures > 0, false))
+                                   AND NOT (COALESCE(st.parked, false) AND st.failed_hash = d.content_hash))
+             FROM documents d LEFT JOIN signpost_state st ON st.document_id = d.id
+            WHERE d.source_key = %s AND d.status = 'active' AND d.content_hash IS NOT NULL""",
+        (source_key,)).fetchone()
+    if unchunked:
+        return f"{unchunked} documents not chunked"
+    if unsignposted:
+        return f"{unsignposted} documents without a current signpost"
+    active = spaces.active_space(conn)
+    if active is None:
+        has_chunks = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM chunks c JOIN documents d ON d.id = c.document_id"
+            " WHERE d.source_key = %s)", (source_key,)).fetchone()[0]
+        return "chunks and no active vector space" if has_chunks else None
+    missing = conn.execute(
+        f'SELECT count(*) FROM chunks c JOIN documents d ON d.id = c.document_id WHERE d.source_key = %s'
+        f' AND NOT EXISTS (SELECT 1 FROM "{active[2]}" e WHERE e.chunk_hash = c.chunk_hash)',
+        (source_key,)).fetchone()[0]
+    return f"{missing} chunks without a vector" if missing else None
+
+
+def record_if_complete(conn: psycopg.Connection, state: SourceState) -> str | None:
+    """Record the fingerprint taken before the source's successful run; returns why not, or None."""
+    if state.fingerprint is None:
+        return state.why or "no fingerprint"
+    if not state.trusted:
+        return f"a listed file was modified within {RACY_SECONDS:.0f} s before the run started"
+    why = pending_work(conn, state.source)
+    if why:
+        return why
+    from psycopg.types.json import Json
+
+    with conn.transaction():
+        conn.execute(
+            "INSERT INTO source_state (source_key, fingerprint, details, recorded_at)"
+            " SELECT %s, %s, %s, now() WHERE EXISTS (SELECT 1 FROM sources WHERE key = %s)"
+            " ON CONFLICT (source_key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint,"
+            " details = EXCLUDED.details, recorded_at = now()",
+            (state.source, state.fingerprint, Json(state.details), state.source))
+    return None
