@@ -691,6 +691,9 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     # the dense signal of each candidate's opening (first chunk: title + first window) beside its best chunk
     "default_opening0.5": ({"opening_weight": 0.5}, {}),
     "default_opening1": ({"opening_weight": 1.0}, {}),
+    "default_decay0.5": ({"doc_decay": 0.5}, {}),
+    "default_doc0": ({}, {"document_weight": 0.0}),
+    "default_b0.9": ({"bm25_b": 0.9}, {}),
 }
 
 
@@ -860,6 +863,8 @@ def main() -> None:
                     f"results (default $KB_QUALITY_CACHE or {DEFAULT_CACHE.relative_to(ROOT)})")
     ap.add_argument("--rebuild", action="store_true", help="build the indexes again even when the key matches")
     ap.add_argument("--no-seed", action="store_true", help="build without seeding chunk vectors")
+    ap.add_argument("--save-seed", action="store_true", help="add the vectors of each set's newest index folder, "
+                    "finished or not (a build that was stopped), to its seed, and exit")
     ap.add_argument("--adopt", action="store_true", help="take an index whose `kb index` finished without the "
                     "harness (it was stopped meanwhile) once every chunk has its vector")
     ap.add_argument("--variants", nargs="?", const="all", default=None,
@@ -890,6 +895,14 @@ def main() -> None:
         print(text)
         if args.doc:
             write_doc(text)
+        return
+    if args.save_seed:   # keep what a stopped build paid for: the next build of the set is seeded with it
+        for s in chosen:
+            dirs = sorted((OUT / "index").glob(f"{s}-*/kb.yaml"), key=lambda p: p.stat().st_mtime)
+            if dirs:
+                log(f"{s}: {_dump_seed(sets[s], dirs[-1])} vectors of {dirs[-1].parent.name} added to "
+                    f"{_seed_file(sets[s])}")
+                _stop_server(dirs[-1].parent / "data")
         return
     infos = {}
     for s in chosen:
