@@ -355,7 +355,10 @@ def _dump_seed(es: EvalSet, cfg_path: Path) -> int:
 
     cfg = load_config(cfg_path)
     with connect(open_database(cfg)) as conn:
-        space = active_space(conn)
+        # a stopped build has not activated its space yet: take the configured model's
+        space = active_space(conn) or conn.execute(
+            "SELECT model, dimension, table_name FROM embedding_spaces WHERE model = %s ORDER BY dimension",
+            (cfg.local.model,)).fetchone()
         if space is None:
             return 0
         rows = conn.execute(f'SELECT chunk_hash, embedding::text FROM "{space[2]}"').fetchall()
