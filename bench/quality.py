@@ -16,9 +16,15 @@ Index: each set is indexed by `kb index --config <set>/kb.yaml` in a subprocess 
 checks, exactly what a user runs), into bench/out/quality/index/<set>-<key>/. The key hashes the corpus
 tarballs, the set's source definition and the indexing code (kb_assets/{sources,chunking,embedding,pipeline,
 store,defs} and the query statistics / regression check it runs): an unchanged key reuses the index. A new key
-builds a new index from scratch; its chunk vectors may be seeded from the previous build's (chunk hash ->
-vector, content-addressed exactly like kb's own embedding reuse) when the embedding code is unchanged, so a
-re-build after a chunker or pipeline change pays only for new chunk texts. `--no-seed` turns that off.
+builds a new index from scratch; its chunk vectors may be seeded from the previous builds' (chunk hash ->
+vector, content-addressed exactly like kb's own embedding reuse), so a re-build after a chunker or pipeline
+change pays only for new chunk texts. A seed is refused only when document vectors could differ: another model
+(name, dimension, digest of its files) or another document-side embedding path (DOCUMENT_EMBEDDING_CODE: the
+model input text, embed_documents and what it runs; library versions); query-side code does not count.
+`--no-seed` turns seeding off.
+
+Cache: `--cache-dir DIR` or KB_QUALITY_CACHE=DIR (default bench/out/quality): indexes, seeds, unpacked corpora,
+baseline vectors and results.json live there, so another checkout can reuse the built indexes.
 
 Baseline (computed here, every run; its document embeddings cached as .npy under bench/out/quality/baseline/):
 bm25s Lucene BM25 (k1 1.5, b 0.75, English stop words, Snowball English stemmer via PyStemmer); code files as
@@ -53,13 +59,24 @@ sys.path.insert(0, str(ROOT))
 SHARED = Path(os.environ.get("KB_SHARED_DIR", ROOT.parent / "shared"))
 EVAL = SHARED / "eval"
 CORPORA = SHARED / "corpora"
-OUT = ROOT / "bench" / "out" / "quality"
+# The cache (indexes, seeds, unpacked corpora, baseline vectors, results): --cache-dir or KB_QUALITY_CACHE, so
+# several checkouts (a helper's worktree, the lead's merge) can share one set of built indexes.
+DEFAULT_CACHE = ROOT / "bench" / "out" / "quality"
+OUT = Path(os.environ.get("KB_QUALITY_CACHE") or DEFAULT_CACHE).expanduser().resolve()
 
 # What decides an index's content: the corpus and this code. (The query engine is not in it: it only reads.)
 INDEXING_CODE = ["kb_assets/sources", "kb_assets/chunking", "kb_assets/embedding", "kb_assets/pipeline",
                  "kb_assets/store", "kb_assets/defs", "kb_assets/query/regression.py",
                  "kb_assets/query/regression", "kb_assets/config.py", "kb_assets/cli.py"]
-EMBEDDING_CODE = ["kb_assets/embedding"]
+# What decides a chunk's *document vector*, given its chunk hash (heading + text, models.Chunk.chunk_hash): the
+# model's weights and dimension, and the code that turns the chunk into model input and runs the model on it
+# for documents. Not the query side (numpy_bert's query encoder, embed_query), not chunking or the pipeline
+# (vectors are content-addressed by chunk hash): a seed taken before such a change stays valid.
+DOCUMENT_EMBEDDING_CODE = [("kb_assets.models", "Chunk.embedding_text"), ("kb_assets.pipeline.embeddings", "_texts"),
+                           ("kb_assets.embedding.base", "as_matrix"), ("kb_assets.embedding.local", "load_model"),
+                           ("kb_assets.embedding.local", "LocalEmbedder._encode"),
+                           ("kb_assets.embedding.local", "LocalEmbedder.embed_documents")]
+DOCUMENT_EMBEDDING_PACKAGES = ["sentence-transformers", "torch", "transformers"]
 
 OFF_TOPIC = [
     "restart celery workers nightly", "terraform remote state locking", "kubernetes horizontal pod autoscaler",
@@ -291,6 +308,39 @@ def _env() -> dict[str, str]:
     return env
 
 
+def document_vector_identity(cfg) -> dict:
+    """What a stored chunk vector depends on besides its chunk hash (see DOCUMENT_EMBEDDING_CODE): the model (name,
+    dimension, a digest of every file of its folder: weights, tokenizer, pooling) and the document-side code
+    and library versions. A seed is used only when this is equal."""
+    import inspect
+    from importlib import import_module
+    from importlib.metadata import PackageNotFoundError, version
+
+    from kb_assets.embedding.local import LocalEmbedder
+
+    emb = LocalEmbedder(cfg.local)
+    weights = hashlib.sha256()
+    for f in sorted(x for x in emb.path.rglob("*") if x.is_file()):
+        weights.update(str(f.relative_to(emb.path)).encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                weights.update(block)
+    code = hashlib.sha256()
+    for module, qualname in DOCUMENT_EMBEDDING_CODE:
+        obj = import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        code.update(f"{module}:{qualname}\0".encode() + inspect.getsource(obj).encode() + b"\0")
+    packages = {}
+    for name in DOCUMENT_EMBEDDING_PACKAGES:
+        try:
+            packages[name] = version(name)
+        except PackageNotFoundError:
+            packages[name] = None
+    return {"model": emb.model, "dimension": emb.dimension, "weights_sha256": weights.hexdigest(),
+            "document_code_sha256": code.hexdigest(), "packages": packages, "window": emb.window}
+
+
 def _seed_file(es: EvalSet) -> Path:
     return OUT / "seed" / f"{es.name}.npz"
 
@@ -305,16 +355,29 @@ def _dump_seed(es: EvalSet, cfg_path: Path) -> int:
 
     cfg = load_config(cfg_path)
     with connect(open_database(cfg)) as conn:
-        space = active_space(conn)
+        # a stopped build has not activated its space yet: take the configured model's
+        space = active_space(conn) or conn.execute(
+            "SELECT model, dimension, table_name FROM embedding_spaces WHERE model = %s ORDER BY dimension",
+            (cfg.local.model,)).fetchone()
         if space is None:
             return 0
         rows = conn.execute(f'SELECT chunk_hash, embedding::text FROM "{space[2]}"').fetchall()
     keys = np.array([r[0] for r in rows])
-    vecs = np.array([json.loads(r[1]) for r in rows], dtype=np.float32)
+    vecs = np.array([json.loads(r[1]) for r in rows], dtype=np.float32).reshape(len(rows), -1)
+    identity = json.dumps(document_vector_identity(cfg), sort_keys=True)
     out = _seed_file(es)
+    if out.exists():   # keep the older seed's other vectors (a subset build must not shrink a full set's seed)
+        z = np.load(out)
+        if "identity" in z.files and str(z["identity"][0]) == identity and len(z["keys"]):
+            have = set(keys.tolist())
+            extra = np.array([k not in have for k in z["keys"].tolist()], dtype=bool)
+            if extra.any():
+                keys = np.concatenate([keys, z["keys"][extra]]) if len(keys) else z["keys"][extra]
+                vecs = np.concatenate([vecs, z["vecs"][extra]]) if len(vecs) else z["vecs"][extra]
     out.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(out, keys=keys, vecs=vecs, model=np.array([space[0]]), embedding_code=np.array(
-        [_hash_paths(EMBEDDING_CODE)]))
+    tmp = out.with_name(out.stem + ".tmp.npz")
+    np.savez(tmp, keys=keys, vecs=vecs, model=np.array([space[0]]), identity=np.array([identity]))
+    tmp.replace(out)
     return len(rows)
 
 
@@ -325,9 +388,6 @@ def _seed(es: EvalSet, cfg_path: Path) -> int:
     if not f.exists():
         return 0
     z = np.load(f)
-    if str(z["embedding_code"][0]) != _hash_paths(EMBEDDING_CODE):
-        log(f"{es.name}: embedding code changed since the seed was taken: not seeding")
-        return 0
     from kb_assets.config import load_config
     from kb_assets.embedding.local import LocalEmbedder
     from kb_assets.store.db import connect, open_database
@@ -335,7 +395,11 @@ def _seed(es: EvalSet, cfg_path: Path) -> int:
 
     cfg = load_config(cfg_path)
     emb = LocalEmbedder(cfg.local)
-    if emb.model != str(z["model"][0]):
+    then = json.loads(str(z["identity"][0])) if "identity" in z.files else None
+    now = document_vector_identity(cfg)
+    if then != now:
+        differ = sorted(k for k in now if then is None or then.get(k) != now[k])
+        log(f"{es.name}: not seeding: document vectors could differ from the seed's ({', '.join(differ)})")
         return 0
     with connect(open_database(cfg)) as conn:
         table = ensure_space(conn, emb.model, emb.dimension)
@@ -627,6 +691,18 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "default_doc0.5": ({}, {"document_weight": 0.5}),
     "default_decay0": ({"doc_decay": 0.0}, {}),
     "default_rrf20": ({}, {"rrf_k": 20}),
+    # the dense signal of each candidate's opening (first chunk: title + first window) beside its best chunk
+    "default_opening0.5": ({"opening_weight": 0.5}, {}),
+    "default_opening1": ({"opening_weight": 1.0}, {}),
+    "default_decay0.5": ({"doc_decay": 0.5}, {}),
+    "default_doc0": ({}, {"document_weight": 0.0}),
+    "default_b0.9": ({"bm25_b": 0.9}, {}),
+}
+# Measured once and left out of the grid (docs/QUALITY.md): common query words too, as the baseline's BM25
+# reads every word (code_history hybrid 0.745 for both against 0.753).
+EXTRA_VARIANTS = {
+    "default_df1": ({"keyword_max_df": 1.0, "keyword_postings": 50000, "keyword_max_terms": 64}, {}),
+    "default_df0.7": ({"keyword_max_df": 0.7, "keyword_postings": 25000}, {}),
 }
 
 
@@ -696,7 +772,7 @@ def evaluate_set(es: EvalSet, info: dict, model, *, variants: list[str] | None =
     if variants:
         res["variants"] = {}
         for name in variants:
-            tfields, sfields = VARIANTS[name]
+            tfields, sfields = VARIANTS.get(name) or EXTRA_VARIANTS[name]
             vcfg = with_settings(cfg, sfields)
             runs = kb_runs(es, vcfg, conn, emb, queries, modes=("hybrid", "keyword"), tuning=Tuning(**tfields),
                            gate=False)
@@ -792,8 +868,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sets", default="regression,code_history,rust_rfcs,peps_whatsnew")
     ap.add_argument("--build-only", action="store_true")
+    ap.add_argument("--cache-dir", default=None, help="indexes, seeds, unpacked corpora, baseline vectors and "
+                    f"results (default $KB_QUALITY_CACHE or {DEFAULT_CACHE.relative_to(ROOT)})")
     ap.add_argument("--rebuild", action="store_true", help="build the indexes again even when the key matches")
     ap.add_argument("--no-seed", action="store_true", help="build without seeding chunk vectors")
+    ap.add_argument("--save-seed", action="store_true", help="add the vectors of each set's newest index folder, "
+                    "finished or not (a build that was stopped), to its seed, and exit")
     ap.add_argument("--adopt", action="store_true", help="take an index whose `kb index` finished without the "
                     "harness (it was stopped meanwhile) once every chunk has its vector")
     ap.add_argument("--variants", nargs="?", const="all", default=None,
@@ -804,6 +884,10 @@ def main() -> None:
                     "evaluated by earlier runs")
     ap.add_argument("--label", default="", help="a note printed above the tables (e.g. 'unrepaired index')")
     args = ap.parse_args()
+    if args.cache_dir:
+        global OUT
+        OUT = Path(args.cache_dir).expanduser().resolve()
+    log(f"cache: {OUT}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     sets = make_sets()
@@ -820,6 +904,14 @@ def main() -> None:
         print(text)
         if args.doc:
             write_doc(text)
+        return
+    if args.save_seed:   # keep what a stopped build paid for: the next build of the set is seeded with it
+        for s in chosen:
+            dirs = sorted((OUT / "index").glob(f"{s}-*/kb.yaml"), key=lambda p: p.stat().st_mtime)
+            if dirs:
+                log(f"{s}: {_dump_seed(sets[s], dirs[-1])} vectors of {dirs[-1].parent.name} added to "
+                    f"{_seed_file(sets[s])}")
+                _stop_server(dirs[-1].parent / "data")
         return
     infos = {}
     for s in chosen:
