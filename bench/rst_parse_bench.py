@@ -10,7 +10,6 @@ parsing the text themselves vs reading the stored parse (identical output assert
 """
 from __future__ import annotations
 
-import io
 import json
 import re
 import sys
@@ -18,14 +17,12 @@ import tarfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # kb_assets_tests (the reference walker)
 CORPORA = Path(__file__).resolve().parents[1].parent / "shared" / "corpora"
 
 
 def main() -> None:
-    from docutils import nodes
-    from docutils.frontend import get_default_settings
-    from docutils.parsers.rst import Parser
-    from docutils.utils import new_document
+    from kb_assets_tests.rst_reference import docutils_titles   # the reference walker the test uses
 
     from kb_assets.chunking import chunk_document, document_blocks
     from kb_assets.chunking.rst import rst_structure
@@ -37,28 +34,6 @@ def main() -> None:
         members = sorted((m for m in tar if m.isfile() and re.search(r"/pep-\d+\.rst$", m.name)),
                          key=lambda m: m.name)[::every]
         texts = {m.name.rsplit("/", 1)[1]: tar.extractfile(m).read().decode("utf-8") for m in members}
-    parser = Parser()
-    settings = get_default_settings(Parser)
-    settings.report_level, settings.halt_level = 5, 5
-    settings.warning_stream = io.StringIO()
-    settings.file_insertion_enabled = settings.raw_enabled = False
-
-    def docutils_titles(text):
-        doc = new_document("<pep>", settings)
-        parser.parse(text, doc)
-        out = []
-
-        def walk(node, depth):
-            for ch in node.children:
-                if isinstance(ch, nodes.section):
-                    t = ch.next_node(nodes.title)
-                    out.append((depth, t.rawsource.strip() if t is not None else ""))
-                    walk(ch, depth + 1)
-                elif isinstance(ch, nodes.Element) and not isinstance(ch, (nodes.literal_block, nodes.comment)):
-                    walk(ch, depth)
-
-        walk(doc, 1)
-        return out
 
     t = time.process_time()
     du = {k: docutils_titles(v) for k, v in texts.items()}

@@ -5,7 +5,6 @@ another title's underline), and on small cases. docutils itself is ~50x dearer o
 "parse once: reST stored"), which is why the documents stage does not run it."""
 from __future__ import annotations
 
-import io
 import re
 import tarfile
 
@@ -13,37 +12,8 @@ import pytest
 
 from kb_assets.chunking.rst import rst_structure
 
-docutils = pytest.importorskip("docutils")
-from docutils import nodes  # noqa: E402
-from docutils.frontend import get_default_settings  # noqa: E402
-from docutils.parsers.rst import Parser  # noqa: E402
-from docutils.utils import new_document  # noqa: E402
-
-_PARSER = Parser()
-
-
-def _docutils_titles(text: str) -> list[tuple[int, str]]:
-    settings = get_default_settings(Parser)
-    settings.report_level = 5
-    settings.halt_level = 5
-    settings.warning_stream = io.StringIO()
-    settings.file_insertion_enabled = False
-    settings.raw_enabled = False
-    doc = new_document("<test>", settings)
-    _PARSER.parse(text, doc)
-    out: list[tuple[int, str]] = []
-
-    def walk(node, depth):
-        for child in node.children:
-            if isinstance(child, nodes.section):
-                title = child.next_node(nodes.title)
-                out.append((depth, title.rawsource.strip() if title is not None else ""))
-                walk(child, depth + 1)
-            elif isinstance(child, nodes.Element) and not isinstance(child, (nodes.literal_block, nodes.comment)):
-                walk(child, depth)
-
-    walk(doc, 1)
-    return out
+pytest.importorskip("docutils")
+from kb_assets_tests.rst_reference import docutils_titles as _docutils_titles  # noqa: E402
 
 
 def _ours(text: str) -> list[tuple[int, str]]:

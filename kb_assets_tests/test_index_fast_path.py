@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from kb_assets_tests.git_support import git as _git
 
 _RUN = (
     "import json, sys\n"
@@ -19,9 +20,6 @@ _RUN = (
     "sys.exit(rc)\n")
 
 
-def _git(root: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(root), "-c", "user.email=t@e", "-c", "user.name=t", *args],
-                          check=True, capture_output=True, text=True).stdout.strip()
 
 
 def _age(*paths: Path, seconds: float = 120) -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import importlib
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import dagster as dg
 import pytest
+from kb_assets_tests.git_support import git as _git
 
 ADR = ("# 1. Use PostgreSQL with pgvector\n\nDate: 2025-03-01\n\n## Status\n\nAccepted\n\n## Context\n\n"
        "We need one database for documents, chunks and vectors so that deletes and swaps are transactional.\n\n"
@@ -18,9 +18,6 @@ ADR = ("# 1. Use PostgreSQL with pgvector\n\nDate: 2025-03-01\n\n## Status\n\nAc
        "rows they describe.\n\n## Consequences\n\nOperators run one database; HNSW indexes need memory.\n")
 
 
-def _git(root: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(root), "-c", "user.email=t@e", "-c", "user.name=t", *args],
-                          check=True, capture_output=True, text=True).stdout.strip()
 
 
 @pytest.fixture
