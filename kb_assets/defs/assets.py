@@ -256,6 +256,5 @@ def kb_projections(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Mate
 kb_job = dg.define_asset_job(
     "kb_index",
     selection=dg.AssetSelection.groups(GROUP),
-    partitions_def=sources_partitions,
     description="Index one source: documents → chunks → embeddings → search index, and signposts; then projections.",
 )
