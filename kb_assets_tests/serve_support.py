@@ -112,3 +112,21 @@ def running_server(cfg, db_url: str, embedder, **state_kw):
     finally:
         srv.stop()
         state.pool.close()
+
+
+def wait_until_healthy(proc, base: str, log, timeout: float = 180.0) -> None:
+    """Poll `kb serve`'s /healthz until it answers 200; a server that exits or never answers fails the test with
+    its stderr (`log`, a path), after killing it."""
+    import httpx
+
+    deadline = time.time() + timeout
+    while True:
+        try:
+            if httpx.get(base + "/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise AssertionError("kb serve did not start:\n" + log.read_text())
+        time.sleep(0.3)

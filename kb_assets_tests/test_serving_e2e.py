@@ -7,13 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
 from kb_assets.serving.tokens import create_token
-from kb_assets_tests.serve_support import drop_database, free_port, fresh_database, seed
+from kb_assets_tests.serve_support import drop_database, free_port, fresh_database, seed, wait_until_healthy
 
 
 class _RealModel:
@@ -59,17 +58,7 @@ def server(pg_server_url, tmp_path_factory):
         proc = subprocess.Popen([sys.executable, "-m", "kb_assets.cli", "serve", "--port", str(port)], env=env,
                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while True:
-        try:
-            if httpx.get(base + "/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            raise AssertionError("kb serve did not start:\n" + log.read_text())
-        time.sleep(0.3)
+    wait_until_healthy(proc, base, log)
     yield {"proc": proc, "base": base, "token": token, "env": env, "log": log}
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -108,15 +97,7 @@ def test_no_auth_on_loopback_says_so_at_start_and_serves_without_a_token(server,
                                 env=server["env"], stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 180
-        while True:
-            try:
-                if httpx.get(base + "/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.time() < deadline, log.read_text()
-            time.sleep(0.3)
+        wait_until_healthy(proc, base, log)
         assert "WITHOUT AUTHENTICATION (--no-auth, loopback only)" in log.read_text()
         r = httpx.get(base + "/api/v1/recall", params={"q": "restart celery workers"}, timeout=60)
         assert r.status_code == 200 and r.json()["documents"]
