@@ -56,6 +56,24 @@ def _secrets() -> list[str]:
     return vals
 
 
+HEX = "0123456789abcdef"
+
+
+def _assignment_secrets() -> list[str]:
+    """detect-secrets' assignment families (IBM Cloud, IBM COS, Cloudant, SoftLayer): keyword, operator, value;
+    their values at the least length, one character short, and glued to non-ASCII (the run pre-check counts
+    bytes: KELVIN SIGN and LONG S match [a-z] under IGNORECASE)."""
+    vals = [f"ibm_cloud_iam_api_key = '{r(44, TOKEN)}'", f"iam_key: {r(44, TOKEN)}", f"cloud-api-token {r(44, TOKEN)}",
+            f"ibm_cos_hmac_secret_access_key = {r(48, HEX)}", f"cos_secret_key: '{r(48, HEX)}'",
+            f"cloudant_password = '{r(64, HEX)}'", f"cl_api_key: {r(24, string.ascii_lowercase)}",
+            f"clou_pwd => '{r(24, string.ascii_lowercase)}'", f"softlayer_api_key = {r(64, HEX + 'xyz')}",
+            f"sl_token: '{r(64, string.ascii_lowercase + string.digits)}'",
+            f"cl_key = {r(23, string.ascii_lowercase)}", f"ibm_key = '{r(43, TOKEN)}'",
+            f"cl_key = {r(20, string.ascii_lowercase)}\u212a{r(3, string.ascii_lowercase)}",
+            f"clou_pass: '{r(12, string.ascii_lowercase)}\u017f{r(11, string.ascii_lowercase)}'"]
+    return vals
+
+
 def _contexts(v: str) -> list[str]:
     return [v, f"key = {v}\n", f'token: "{v}"', f"x{v}", f"{v}y and more", f"url https://u:{v}@host.example/x",
             f"é✓ {v}\n{v}", f"export FOO_SECRET={v}", f'{{"apiKey": "{v}"}}', f"Bearer {v}", f"--password={v}",
@@ -78,6 +96,8 @@ def _noise(n: int) -> str:
 
 def _texts() -> list[str]:
     texts = [c for v in _secrets() for c in _contexts(v)]
+    texts += [f"{pre}{v}{post}" for v in _assignment_secrets()
+              for pre, post in (("", ""), ("Some prose with a key word first.\n", "\nmore prose"), ("é ", " ✓"))]
     texts += [_noise(400) for _ in range(150)]
     texts.append("\n".join(texts[:200]))            # many secrets and lines in one text
     return texts
@@ -112,7 +132,8 @@ def test_fast_paths_find_exactly_what_the_whole_text_passes_find(monkeypatch):
     for slug in ("aws-access-key", "github-token", "gitlab-token", "jwt", "openai-key", "anthropic-key",
                  "stripe-key", "slack-token", "google-api-key", "voyage-key", "huggingface-token", "npm-token",
                  "sendgrid-key", "square-oauth-secret", "pypi-token", "azure-storage-key", "discord-token",
-                 "generic-secret", "password-in-url"):
+                 "generic-secret", "password-in-url", "ibm-cloud-key", "ibm-cos-key", "cloudant-credentials",
+                 "softlayer-key"):
         assert slug in found, slug
 
 
@@ -154,6 +175,21 @@ def test_the_discord_gate_is_implied_by_its_pattern():
         v = RND.choice("MNO") + r(RND.randint(23, 25), TOKEN) + "." + r(6, TOKEN) + "." + r(27, TOKEN)
         m = rule.regex.search(f"x {v} y")
         assert m and rule.gate.search(m.group(0))
+
+
+def test_the_run_pre_check_is_implied_by_the_assignment_patterns():
+    """Every match of a rule with min_run holds that many token characters in a row (as _has_run counts)."""
+    rules = [x for x in redaction._rules() if x.min_run]
+    assert {x.slug for x in rules} == {"ibm-cloud-key", "ibm-cos-key", "cloudant-credentials", "softlayer-key"}
+    hits = 0
+    for rule in rules:
+        for t in _texts():
+            for m in rule.regex.finditer(t):
+                assert redaction._has_run(m.group(0), rule.min_run), (rule.slug, m.group(0))
+                hits += 1
+    assert hits >= 10
+    assert not redaction._has_run("key = " + "a" * 23, 24) and redaction._has_run("key = " + "a" * 24, 24)
+    assert redaction._has_run("key = " + "a" * 22 + "\u212a", 24)     # 3 UTF-8 bytes: counted as a run
 
 
 # --- generated markers, titles, opening files ----------------------------------------------------------

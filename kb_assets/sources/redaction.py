@@ -33,7 +33,8 @@ fixtures, no code.
 
 Speed (CPU time, one core): 18 MB/s over the 884 PEP/ADR files one by one (12 MB/s before the shortcuts
 below), ~20 MB/s on 5 MB of transcript-like text (test_redaction_speed prints it), ~21 MB/s on the
-synthetic benchmark corpus. One Aho-Corasick pass (pyahocorasick) finds every trigger literal and every
+synthetic benchmark corpus (then 7-8 MB/s on peerbench's synthetic markdown, whose paragraphs are
+long lines full of "key" and "token", 24-27 MB/s with the token-run pre-check, `Rule.min_run`). One Aho-Corasick pass (pyahocorasick) finds every trigger literal and every
 literal prefix of the untriggered rules: detect-secrets' line-based keyword detector and the rules with
 triggers run only on the lines that contain one; a rule whose matches all begin with a literal prefix is
 tried only where a prefix begins (same matches as a whole-text finditer); the few rules left run over the
@@ -75,6 +76,9 @@ class Rule:
     gate: re.Pattern[str] | None = None
     # With boundary: only a letter or digit on the left disqualifies (names such as deploy-dapi…, x_ghp_…).
     left_alnum: bool = False
+    # Every match contains a run of at least this many token characters (A-Z a-z 0-9 _ -): a text, then a
+    # trigger line, without one is not searched with the rule's pattern (see _has_run).
+    min_run: int = 0
 
 
 # --- helpers ---------------------------------------------------------------------------------------
@@ -178,12 +182,31 @@ _DS_TRIGGERS: dict[tuple[str, int | None], tuple[tuple[str, ...], bool]] = {
 _DS_GATES = {
     r"[MNO][a-zA-Z\d_-]{23,25}\.[a-zA-Z\d_-]{6}\.[a-zA-Z\d_-]{27}": r"\.[a-zA-Z\d_-]{6}\.",   # Discord
 }
+# Value groups of detect-secrets' assignment patterns (IBM Cloud, IBM COS, Cloudant, SoftLayer: a keyword, an
+# operator, then the value, which ends the pattern but for an optional quote) and their least length. Their
+# triggers ("key", "pass", "token"...) hit most paragraphs of prose, where a value that long is rare, and the
+# patterns are slow (these five were 3/4 of find_secrets' time on the synthetic corpus): a text or trigger line
+# without such a run of token characters cannot match and is not searched with them.
+_DS_VALUE_RUNS = {
+    "([0-9a-f]{64})": 64, "([a-z]{24})": 24, "([a-z0-9]{64})": 64, "([a-f0-9]{48}(?![a-f0-9]))": 48,
+    r"([a-zA-Z0-9_\-]{44}(?![a-zA-Z0-9_\-]))": 44,
+}
+_DS_VALUE_END = "(?:\"|\\'|)"
 _DS_SKIP = {"Public IP (ipv4)", "Secret Keyword", "Base64 High Entropy String", "Hex High Entropy String",
             "Private Key"}
 
 
 def _slugify(s: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", s.lower()).strip("-")
+
+
+def _value_run(pattern: str) -> int:
+    """The least run of token characters in every match of an assignment pattern ending with one of
+    _DS_VALUE_RUNS' groups (then an optional quote); 0 for any other pattern."""
+    if not (pattern.startswith("(?:(?<=") and pattern.endswith(_DS_VALUE_END)):
+        return 0
+    head = pattern[:-len(_DS_VALUE_END)]
+    return next((n for group, n in _DS_VALUE_RUNS.items() if head.endswith(group)), 0)
 
 
 def _detect_secrets_rules() -> list[Rule]:
@@ -211,7 +234,8 @@ def _detect_secrets_rules() -> list[Rule]:
             trig, ci = _DS_TRIGGERS.get((secret_type, i)) or _DS_TRIGGERS.get((secret_type, None)) or ((), False)
             gate = _DS_GATES.get(rx.pattern)
             rules.append(Rule(slug, rx, _DS_GROUP.get((secret_type, i), 0), validator, priority=20,
-                              triggers=trig, ci=ci, gate=re.compile(gate, rx.flags) if gate else None))
+                              triggers=trig, ci=ci, gate=re.compile(gate, rx.flags) if gate else None,
+                              min_run=_value_run(rx.pattern)))
     return rules
 
 
@@ -558,6 +582,23 @@ class _Lines:
         return self.text[start:] if e < 0 else self.text[start:e]
 
 
+# bytes.translate table: token characters -> "a", other ASCII -> " ", every byte of a non-ASCII character -> "a"
+# (under IGNORECASE a class such as [a-z] also matches KELVIN SIGN and LONG S; a character of n UTF-8 bytes
+# counts n, so the run found is never shorter than the regex's)
+_RUN_TABLE = bytes(ord("a") if chr(b) in _TOKEN_CHARS or b >= 128 else ord(" ") for b in range(256))
+_RUNS = {n: b"a" * n for n in (24, 44, 48, 64)}
+
+
+def _runs(s: str) -> bytes:
+    return s.encode("utf-8", "surrogatepass").translate(_RUN_TABLE)
+
+
+def _has_run(s: str | bytes, n: int) -> bool:
+    """Whether s (or its _runs) may contain n token characters in a row (C speed, ~0.7 GB/s; never False when
+    it does)."""
+    return (_RUNS.get(n) or b"a" * n) in (_runs(s) if isinstance(s, str) else s)
+
+
 def find_secrets(text: str, *, config_style: bool = False) -> list[tuple[int, int, str]]:
     """Sorted, non-overlapping (start, end, slug) spans of secret values in text."""
     spans: list[tuple[int, int, str, int]] = []
@@ -577,6 +618,7 @@ def find_secrets(text: str, *, config_style: bool = False) -> list[tuple[int, in
     at = lines.at if fast else None
     prefixed = _prefixed_rules() if at is not None else {}
     hits = lines.hits
+    text_runs: bytes | None = None      # _runs(text), once a rule with min_run has trigger lines
     for i, rule in enumerate(_rules()):
         if not rule.triggers:
             if i in prefixed:
@@ -606,9 +648,17 @@ def find_secrets(text: str, *, config_style: bool = False) -> list[tuple[int, in
         if not starts:
             continue
         requires = rule.requires if fast else ()
+        min_run = rule.min_run if fast else 0
+        if min_run:
+            if text_runs is None:
+                text_runs = _runs(text)
+            if not _has_run(text_runs, min_run):
+                continue
         for ls in sorted(starts):
             line = lines.line_at(ls)
             if requires and not any(r in line for r in requires):
+                continue
+            if min_run and not _has_run(line, min_run):
                 continue
             for m in rule.regex.finditer(line):
                 take(rule, m, ls, line)
