@@ -6,6 +6,9 @@
     /work/venv/bin/python bench/synth_corpus.py /tmp/kbchunk/corpus --docs 3000
     /work/venv/bin/python bench/chunks_bench.py --corpus /tmp/kbchunk/corpus --work /tmp/kbchunk \\
         --tree old=/tmp/kbchunk/old --tree new=. --rounds 3 [--wait-idle 0.85] [--kind doc --include '**/*.rst']
+    # the model warm-up beside the cut or after it (same tree twice): chunk stage and model-ready seconds
+    .venv/bin/python bench/chunks_bench.py --corpus DIR --work /tmp/kbchunk --tree during=. --tree after=. \
+        --model during=during --model after=after
 
 Each run is a child process that imports kb_assets from its tree and runs `chunk_source` (the full first run,
 with the stand-in embedder's token counter and 254-token budget, as the pipeline benchmark) on a fresh copy of
@@ -47,6 +50,11 @@ def child(args) -> None:
 
     assert Path(sys.modules["kb_assets"].__file__).resolve().is_relative_to(tree)
     emb = FixedCostEmbedder(cost_per_text=0.0)
+    model = args.model_load
+    if model:
+        from kb_assets.embedding.local import LocalEmbedder, load_model
+
+        emb = LocalEmbedder()     # its token counter is the same tokenizer.json; `kb index` warms this one up
     out = {}
     with connect(args.url) as conn:
         server0 = _backend_cpu(conn)
@@ -55,10 +63,15 @@ def child(args) -> None:
             prof = Profiler(interval=0.001)
             prof.start()
         t, c = time.perf_counter(), time.process_time()
+        if model == "during":
+            emb.warm_up()         # as the kb_chunks asset does on a first run
         stats = chunk_source(conn, SOURCE_KEY, max_tokens=emb.max_tokens, count_tokens=emb.count_tokens)
         out["s"] = round(time.perf_counter() - t, 3)
-        out["cpu_s"] = round(time.process_time() - c, 3)
         out["server_cpu_s"] = round(_backend_cpu(conn) - server0, 2)
+        if model:
+            load_model(emb.path)   # waits for the warm-up when one runs
+            out["ready_s"] = round(time.perf_counter() - t, 3)
+        out["cpu_s"] = round(time.process_time() - c, 3)
         if args.profile:
             prof.stop()
             Path(args.profile).write_text(prof.output_text(unicode=True, color=False, show_all=False))
@@ -142,6 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--include", action="append", default=[], help="include glob (repeatable)")
     ap.add_argument("--wait-idle", type=float, default=0.0, help="start a round only at this idle fraction")
     ap.add_argument("--profile", help="pyinstrument text of each tree's first run: PREFIX-NAME.txt")
+    ap.add_argument("--model", action="append", default=[], type=lambda v: tuple(v.split("=", 1)),
+                    help="NAME=during|after: that tree's run also loads the local model (LocalEmbedder), its"
+                         " warm-up started with the stage (during, as kb index on a first run) or after it;"
+                         " reports when the model is ready")
+    ap.add_argument("--model-load", choices=("during", "after"), help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -167,11 +185,14 @@ def main(argv: list[str] | None = None) -> int:
             url = copy_of(server, name, f"chunks_{tree_name}")
             cmd = [sys.executable, __file__, "--child", "--tree", tree, "--url", url, "--corpus", args.corpus,
                    "--work", args.work]
+            if dict(args.model).get(tree_name):
+                cmd += ["--model-load", dict(args.model)[tree_name]]
             if args.profile and r == 0:
                 cmd += ["--profile", f"{args.profile}-{tree_name}.txt"]
             res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
             results[tree_name].append(res)
-            print(f"round {r + 1} {tree_name:>6}: {res['s']:.3f} s (CPU here {res['cpu_s']:.3f} s, server"
+            ready = f", model ready at {res['ready_s']:.3f} s" if "ready_s" in res else ""
+            print(f"round {r + 1} {tree_name:>6}: {res['s']:.3f} s{ready} (CPU here {res['cpu_s']:.3f} s, server"
                   f" {res['server_cpu_s']:.2f} s)  chunks {res['rows']}  digest {res['digest'][:12]}", flush=True)
     with psycopg.connect(server, autocommit=True) as admin:
         for tree_name, _ in trees:
@@ -188,8 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         wall = [x["s"] for x in runs]
         cpu = [x["cpu_s"] for x in runs]
         srv = [x["server_cpu_s"] for x in runs]
+        ready = [x["ready_s"] for x in runs if "ready_s" in x]
         print(f"{tree_name:>6}: median {statistics.median(wall):.3f} s (min {min(wall):.3f}, max {max(wall):.3f});"
-              f" CPU here median {statistics.median(cpu):.3f} s; server CPU median {statistics.median(srv):.2f} s")
+              f" CPU here median {statistics.median(cpu):.3f} s; server CPU median {statistics.median(srv):.2f} s"
+              + (f"; model ready median {statistics.median(ready):.3f} s" if ready else ""))
     print("stats:", json.dumps(first["stats"]))
     print("output identical across trees and runs:", ok)
     return 0 if ok else 1
