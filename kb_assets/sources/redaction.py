@@ -33,11 +33,11 @@ fixtures, no code.
 
 Speed (CPU time, one core): 18 MB/s over the 884 PEP/ADR files one by one (12 MB/s before the shortcuts
 below), ~20 MB/s on 5 MB of transcript-like text (test_redaction_speed prints it), ~21 MB/s on the
-synthetic benchmark corpus (then 7-8 MB/s on peerbench's synthetic markdown, whose paragraphs are
-long lines full of "key" and "token", 24-27 MB/s with the token-run pre-check, `Rule.min_run`). One Aho-Corasick pass (pyahocorasick) finds every trigger literal and every
-literal prefix of the untriggered rules: detect-secrets' line-based keyword detector and the rules with
-triggers run only on the lines that contain one; a rule whose matches all begin with a literal prefix is
-tried only where a prefix begins (same matches as a whole-text finditer); the few rules left run over the
+synthetic benchmark corpus; on peerbench's synthetic markdown, whose paragraphs are long lines full of
+"key" and "token", 7-8 MB/s, and 24-27 MB/s with the token-run pre-check (`Rule.min_run`). One
+Aho-Corasick pass (pyahocorasick) finds every trigger literal and every literal prefix of the untriggered
+rules: detect-secrets' line-based keyword detector and the rules with triggers run only on the lines that
+contain one; a rule whose matches all begin with a literal prefix is tried only where a prefix begins (same matches as a whole-text finditer); the few rules left run over the
 whole text (the engine's prefix search runs at several hundred MB/s), behind a cheap gate where one is
 known. kb_assets_tests/test_sources_fast_paths.py compares all of it with plain whole-text passes.
 """
