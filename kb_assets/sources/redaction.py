@@ -37,9 +37,9 @@ synthetic benchmark corpus; on peerbench's synthetic markdown, whose paragraphs 
 "key" and "token", 7-8 MB/s, and 24-27 MB/s with the token-run pre-check (`Rule.min_run`). One
 Aho-Corasick pass (pyahocorasick) finds every trigger literal and every literal prefix of the untriggered
 rules: detect-secrets' line-based keyword detector and the rules with triggers run only on the lines that
-contain one; a rule whose matches all begin with a literal prefix is tried only where a prefix begins (same matches as a whole-text finditer); the few rules left run over the
-whole text (the engine's prefix search runs at several hundred MB/s), behind a cheap gate where one is
-known. kb_assets_tests/test_sources_fast_paths.py compares all of it with plain whole-text passes.
+contain one; a rule whose matches all begin with a literal prefix is tried only where a prefix begins (same
+matches as a whole-text finditer); the few rules left run over the whole text (the engine's prefix search
+runs at several hundred MB/s), behind a cheap gate where one is known. kb_assets_tests/test_sources_fast_paths.py compares all of it with plain whole-text passes.
 """
 from __future__ import annotations
 
