@@ -39,7 +39,8 @@ Aho-Corasick pass (pyahocorasick) finds every trigger literal and every literal 
 rules: detect-secrets' line-based keyword detector and the rules with triggers run only on the lines that
 contain one; a rule whose matches all begin with a literal prefix is tried only where a prefix begins (same
 matches as a whole-text finditer); the few rules left run over the whole text (the engine's prefix search
-runs at several hundred MB/s), behind a cheap gate where one is known. kb_assets_tests/test_sources_fast_paths.py compares all of it with plain whole-text passes.
+runs at several hundred MB/s), behind a cheap gate where one is known. kb_assets_tests/test_sources_fast_paths.py
+compares all of it with plain whole-text passes.
 """
 from __future__ import annotations
 
