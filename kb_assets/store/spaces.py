@@ -16,7 +16,7 @@ _SLUG = re.compile(r"[^a-z0-9]+")
 # The chunk vectors' HNSW graph: pgvector's default m (16) and a smaller candidate list while building
 # (ef_construction, default 64). Measured on copies of the four quality sets' full indexes (real MiniLM vectors,
 # bench/hnsw_quality.py): at 40 the same nDCG@10 and Recall@100 on every set (at 32 the PEP set's nDCG@10
-# slips: vector 0.8489 -> 0.8473), the build ~30-45% faster (real vectors) and ~40% less server CPU (random
+# slips: vector 0.8489 -> 0.8473), the build ~30-45% faster (real vectors) and 20-40% less server CPU (random
 # unit vectors, the stand-in's kind): docs/BENCHMARKS.md, "Full pass: chunks, documents and the vector index".
 # Queries search with hnsw.ef_search = their window (>= 40). An index built before keeps its settings.
 HNSW_M = 16
