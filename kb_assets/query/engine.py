@@ -81,8 +81,9 @@ class Tuning:
     keyword_bm25: bool = True
     bm25_k1: float = 1.2
     bm25_b: float = 0.75
-    # term frequency: "chunks" (chunks holding the term), "occurrences" (in the whole document: the
-    # whole-file BM25 a code search runs), "code_occurrences" (occurrences for code, chunks for prose)
+    # term frequency: "chunks" (chunks holding the term), "occurrences" (in the whole document: a
+    # whole-file BM25), "code_occurrences" (occurrences for code, chunks for prose), "geometric" (of the two);
+    # occurrences cost code_history 0.02 keyword / 0.03 hybrid nDCG@10 (docs/QUALITY.md, fifth pass)
     bm25_tf: str = "chunks"
     bm25_occurrence_weights: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)   # per position: D, C, B, A
     title_weight: float = 0.25
@@ -479,7 +480,8 @@ _KEYWORD_BM25_TAIL = (
     " FROM top JOIN best USING (document_id) JOIN documents d ON d.id = top.document_id{title_join} ORDER BY 4 DESC, 2")
 # A document's term frequency (Tuning.bm25_tf): "chunks" holding the term, or its "occurrences" in the whole
 # document (each matching chunk's count: ts_rank_cd of a one-lexeme query sums its positions' weights,
-# Tuning.bm25_occurrence_weights, at most 256 positions per chunk), for every kind or for "code" only (the other kinds keep "chunks").
+# Tuning.bm25_occurrence_weights, at most 256 positions per chunk) — for every kind, for code only
+# ("code_occurrences"), or the geometric mean of both counts. Measured, not kept (docs/QUALITY.md, fifth pass).
 def _bm25_tf_sql(mode: str) -> dict[str, str]:
     if mode == "chunks":
         return {"{occ_col}": "", "{occ}": "", "{occ_sum}": "", "{tf}": "dt.tf"}
