@@ -674,9 +674,9 @@ def score(run: dict[str, list[str]], qrels) -> dict[str, float]:
 # Relative to the defaults before this work (chunk-level IDF keyword channel, 24 lexemes / 6,000 postings /
 # df 0.2, relative gate for every query):
 BEFORE = {"keyword_bm25": False, "keyword_max_terms": 24, "keyword_postings": 6000, "keyword_max_df": 0.2,
-          "gate_strong_floor": False, "title_weight": 0.0}
+          "gate_strong_floor": False, "title_weight": 0.0, "code_keyword_factor": 1.0, "code_document_factor": 1.0}
 CANDIDATE = "default"
-GATE_VARIANTS = ("before", "default", "default_title0", "default_title0.5")   # also measured with the gate on
+GATE_VARIANTS = ("before", "default", "default_title0", "default_title0.5", "default_code_plain")   # also measured with the gate on
 VARIANTS: dict[str, tuple[dict, dict]] = {
     "before": (BEFORE, {}),
     "bm25": ({**BEFORE, "keyword_bm25": True}, {}),
@@ -697,6 +697,17 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "default_decay0.5": ({"doc_decay": 0.5}, {}),
     "default_doc0": ({}, {"document_weight": 0.0}),
     "default_b0.9": ({"bm25_b": 0.9}, {}),
+    # the keyword channel's term frequency as occurrences in the whole document (whole-file BM25, as the
+    # baseline's), for every kind or for code only
+    "default_tf_occ": ({"bm25_tf": "occurrences"}, {}),
+    "default_tf_code_occ": ({"bm25_tf": "code_occurrences"}, {}),
+    # code files fused with the same channel weights as prose (the defaults before 2026-12-02), and the
+    # neighbours of the code factors (keyword × 1.5, document vector × 0.5)
+    "default_code_plain": ({"code_keyword_factor": 1.0, "code_document_factor": 1.0}, {}),
+    "default_code_kw1.25": ({"code_keyword_factor": 1.25}, {}),
+    "default_code_kw2": ({"code_keyword_factor": 2.0}, {}),
+    "default_code_doc0.25": ({"code_document_factor": 0.25}, {}),
+    "default_code_doc1": ({"code_document_factor": 1.0}, {}),
 }
 # Measured once and left out of the grid (docs/QUALITY.md): common query words too, as the baseline's BM25
 # reads every word (code_history hybrid 0.745 for both against 0.753).

@@ -477,3 +477,59 @@ def test_identifiers_are_found_by_their_parts(conn):
         db = conn.execute("SELECT kb_identifier_words(%s)", (text,)).fetchone()[0]
         assert db == identifier_words(text), text
     assert identifier_words("getUserName httpx/_client.py") == "get User Name httpx client py"
+
+
+def test_code_files_fuse_with_their_own_channel_weights():
+    """Tuning.code_keyword_factor / code_document_factor: a code file's keyword rank counts more and its
+    document-vector rank less than a prose document's; prose documents fuse as before."""
+    from kb_assets.config import QuerySettings
+    from kb_assets.query.engine import _DocHit, _fuse
+
+    def hits(kind):
+        # document-vector ranks 1, 3, 2 (1: the small file); keyword ranks 2, 1, 3 (2: the large module)
+        out = {}
+        for i, (d_sim, kw) in enumerate([(0.9, 2.0), (0.5, 3.0), (0.7, 1.0)], 1):
+            h = _DocHit(i, kind)
+            h.d_sim, h.kw = d_sim, [(kw, 10 * i)]
+            out[i] = h
+        return out
+
+    s, chans = QuerySettings(document_weight=1.0, keyword_weight=1.0), ["document", "keyword"]
+    plain = Tuning(code_keyword_factor=1.0, code_document_factor=1.0)
+    assert [h.doc_id for h in _fuse(hits("code"), chans, s, plain)][0] == 1
+    assert [h.doc_id for h in _fuse(hits("code"), chans, s, Tuning())][0] == 2      # keywords win for code
+    prose, prose_plain = _fuse(hits("doc"), chans, s, Tuning()), _fuse(hits("doc"), chans, s, plain)
+    assert [(h.doc_id, round(h.score, 9)) for h in prose] == [(h.doc_id, round(h.score, 9)) for h in prose_plain]
+    assert prose[0].doc_id == 1
+    # first in every channel scores 1.0 for code too (the gate reads the fused score's scale)
+    solo = {1: _DocHit(1, "code")}
+    solo[1].d_sim, solo[1].kw = 0.9, [(1.0, 10)]
+    assert _fuse(solo, chans, s, Tuning())[0].score == pytest.approx(1.0)
+    # one channel alone (keyword mode): the factors cancel out
+    assert [h.doc_id for h in _fuse(hits("code"), ["keyword"], s, Tuning())] == [2, 1, 3]
+
+
+def test_bm25_term_frequency_modes(conn):
+    """Tuning.bm25_tf: "chunks" counts the chunks holding a term, "occurrences" its occurrences in the whole
+    document (ts_rank_cd of the one-lexeme query, every position weighted 1)."""
+    c = Corpus(conn)
+    # a: "widget" in two chunks once each; b: in one chunk, four times; same length in bytes
+    c.doc("src/a.py", [("one", "widget alpha beta gamma delta epsilon zeta"),
+                       ("two", "widget theta iota kappa lambda mu nu xi")], source="code", kind="code",
+          title="src/a.py")
+    c.doc("src/b.py", [("one", "widget widget widget widget omicron pi rho"),
+                       ("two", "sigma tau upsilon phi chi psi omega omega")], source="code", kind="code",
+          title="src/b.py")
+    for i, topic in enumerate(FILLER_TOPICS):
+        c.doc(f"misc/{i:02d}.md", [topic], source="notes", kind="doc", title=f"Note {i}")
+    c.refresh()
+
+    def order(tf):
+        r = recall("widget", conn=conn, mode="keyword", tuning=Tuning(gate=False, bm25_tf=tf, title_weight=0.0))
+        return [x.id for x in r.code]
+
+    assert order("chunks") == ["kb:code/src/a.py", "kb:code/src/b.py"]
+    assert order("occurrences") == ["kb:code/src/b.py", "kb:code/src/a.py"]
+    assert order("code_occurrences") == ["kb:code/src/b.py", "kb:code/src/a.py"]
+    with pytest.raises(ValueError, match="bm25_tf"):
+        order("words")

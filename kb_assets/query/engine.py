@@ -81,10 +81,23 @@ class Tuning:
     keyword_bm25: bool = True
     bm25_k1: float = 1.2
     bm25_b: float = 0.75
+    # term frequency: "chunks" (chunks holding the term), "occurrences" (in the whole document: a
+    # whole-file BM25), "code_occurrences" (occurrences for code, chunks for prose), "geometric" (of the two);
+    # occurrences cost code_history 0.02 keyword / 0.03 hybrid nDCG@10 (docs/QUALITY.md, fifth pass)
+    bm25_tf: str = "chunks"
+    bm25_occurrence_weights: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)   # per position: D, C, B, A
     title_weight: float = 0.25
     # A fourth ranking in the fusion: each candidate document's opening (its first chunk: title, front
     # matter, first window) against the query, weighted so (0: off). Scored for the candidates only.
     opening_weight: float = 0.0
+    # Code files fuse with other channel weights: their keyword weight × code_keyword_factor, their
+    # document-vector weight × code_document_factor. A code file's mean chunk vector is closest to the query
+    # when the file is small (one function that reads like the report), a large module's is diffuse, so
+    # that channel rewards small files; identifiers make keyword evidence stronger in code than in prose.
+    # 1.5 / 0.5 since 2026-12-02 (docs/QUALITY.md, fifth pass): code_history hybrid nDCG@10 0.753 -> 0.777;
+    # prose ranks as before (their factors are 1).
+    code_keyword_factor: float = 1.5
+    code_document_factor: float = 0.5
     # Relevance gate, strong queries: when the best result is clearly similar (floor + 0.15), keep every
     # result above the floor (True) instead of only those within the margin of the best (False): a clear
     # answer then does not cut the relevant documents further down (Recall@100).
@@ -449,13 +462,13 @@ _KEYWORD_SQL = (
 # Document-level BM25 over the same postings (Tuning.keyword_bm25). One row per document: its best chunk
 # (most query IDF mass, for the passage and the coverage gate), its score.
 _KEYWORD_BM25_TAIL = (
-    " m AS (SELECT c.id, c.document_id, sel.lexeme, sel.idf"
-    " FROM sel CROSS JOIN LATERAL (SELECT id, document_id FROM chunks WHERE tsv @@ sel.tq) c),"
+    " m AS (SELECT c.id, c.document_id, sel.lexeme, sel.idf{occ_col}"
+    " FROM sel CROSS JOIN LATERAL (SELECT id, document_id{occ} FROM chunks WHERE tsv @@ sel.tq) c),"
     " ch AS (SELECT id, document_id, sum(idf) AS cov FROM m GROUP BY id, document_id),"
-    " dt AS (SELECT document_id, lexeme, count(*)::float8 AS tf FROM m GROUP BY document_id, lexeme),"
+    " dt AS (SELECT document_id, lexeme, count(*)::float8 AS tf{occ_sum} FROM m GROUP BY document_id, lexeme),"
     " ddf AS (SELECT lexeme, count(*)::float8 AS ndf FROM dt GROUP BY lexeme),"
     " ds AS (SELECT dt.document_id, sum(ln(1 + (%(ndocs)s - ddf.ndf + 0.5) / (ddf.ndf + 0.5))"
-    "  * dt.tf * (%(k1)s + 1) / (dt.tf + %(k1)s * (1 - %(b)s + %(b)s * octet_length(d.text) / %(avgdl)s))) AS s"
+    "  * {tf} * (%(k1)s + 1) / ({tf} + %(k1)s * (1 - %(b)s + %(b)s * octet_length(d.text) / %(avgdl)s))) AS s"
     "  FROM dt JOIN ddf USING (lexeme) JOIN documents d ON d.id = dt.document_id WHERE d.status = 'active'{filter}"
     "  GROUP BY dt.document_id),"
     " top AS (SELECT ds.document_id, ds.s FROM ds ORDER BY ds.s DESC, ds.document_id LIMIT %(kw_window)s),"
@@ -465,6 +478,22 @@ _KEYWORD_BM25_TAIL = (
     " SELECT best.id, top.document_id, d.kind, top.s{title_score},"
     " best.cov, (SELECT sum(idf) FROM allw), (SELECT count(*) FROM sel)"
     " FROM top JOIN best USING (document_id) JOIN documents d ON d.id = top.document_id{title_join} ORDER BY 4 DESC, 2")
+# A document's term frequency (Tuning.bm25_tf): "chunks" holding the term, or its "occurrences" in the whole
+# document (each matching chunk's count: ts_rank_cd of a one-lexeme query sums its positions' weights,
+# Tuning.bm25_occurrence_weights, at most 256 positions per chunk) — for every kind, for code only
+# ("code_occurrences"), or the geometric mean of both counts. Measured, not kept (docs/QUALITY.md, fifth pass).
+def _bm25_tf_sql(mode: str) -> dict[str, str]:
+    if mode == "chunks":
+        return {"{occ_col}": "", "{occ}": "", "{occ_sum}": "", "{tf}": "dt.tf"}
+    tfs = {"occurrences": "dt.occ", "code_occurrences": "(CASE WHEN d.kind = 'code' THEN dt.occ ELSE dt.tf END)",
+           "geometric": "sqrt(dt.tf * dt.occ)"}
+    if mode not in tfs:
+        raise ValueError(f"Tuning.bm25_tf: {mode!r} is not one of chunks, {', '.join(tfs)}")
+    tf = tfs[mode]
+    return {"{occ_col}": ", c.occ", "{occ}": ", ts_rank_cd(%(occ_wts)s::float4[], tsv, sel.tq, 0)::float8 AS occ",
+            "{occ_sum}": ", sum(occ) AS occ", "{tf}": tf}
+
+
 # With a title weight: the IDF of the query lexemes in each window document's title (or path, split on / _ .
 # and camelCase), one hash join for the window — only then (a per-row subplan cost 70 ms at 50K chunks).
 _KEYWORD_TITLE_CTE = (
@@ -583,7 +612,10 @@ class _Searcher:
         base = _KEYWORD_SQL if self.have_stats else _KEYWORD_SQL_NOSTATS
         if self.t.keyword_bm25 and self.have_stats:
             titled = self.t.title_weight > 0
-            return base.replace(_KEYWORD_TAIL, _KEYWORD_BM25_TAIL).replace("{filter}", fsql).replace(
+            base = base.replace(_KEYWORD_TAIL, _KEYWORD_BM25_TAIL)
+            for k, v in _bm25_tf_sql(self.t.bm25_tf).items():
+                base = base.replace(k, v)
+            return base.replace("{filter}", fsql).replace(
                 "{title}", _KEYWORD_TITLE_CTE if titled else "").replace(
                 "{title_score}", " + %(title_w)s * coalesce(tt.t, 0)" if titled else "").replace(
                 "{title_join}", " LEFT JOIN tt ON tt.document_id = top.document_id" if titled else "")
@@ -602,7 +634,7 @@ class _Searcher:
                              "kw_window": self.t.keyword_window}
         if self.t.keyword_bm25:
             p.update(ndocs=float(self.n_docs), avgdl=float(self.avg_doc_bytes), k1=self.t.bm25_k1, b=self.t.bm25_b,
-                     title_w=self.t.title_weight)
+                     title_w=self.t.title_weight, occ_wts=list(self.t.bm25_occurrence_weights))
         if self.have_stats:
             p.update(text=text, n=float(self.n_chunks), max_df=self.t.keyword_max_df * self.n_chunks,
                      postings=self.t.keyword_postings, max_terms=self.t.keyword_max_terms)
@@ -679,28 +711,37 @@ def _fuse(hits: dict[int, _DocHit], channels: list[str], settings, tuning: Tunin
         ranked = sorted((h for h in hits.values() if has(h)), key=lambda h: (-score(h), h.doc_id))
         for i, h in enumerate(ranked, 1):
             setattr(h, rank_attr, i)
-    wsum = sum(spec[c][3] for c in active) or 1.0
+    weights = {c: spec[c][3] for c in active}
+    code_weights = {**weights, **{c: weights[c] * f for c, f in (("keyword", tuning.code_keyword_factor),
+                                                                ("document", tuning.code_document_factor))
+                                  if c in weights}}
+    if not any(code_weights.values()):
+        code_weights = weights
+    wsum = sum(weights.values()) or 1.0
+    code_wsum = sum(code_weights.values()) or 1.0
     if tuning.fusion == "rrf":
         k = settings.rrf_k
         for h in hits.values():
+            w, ws = (code_weights, code_wsum) if h.kind == "code" else (weights, wsum)
             s = 0.0
             for c in active:
                 r = getattr(h, spec[c][2])
                 if r is not None:
-                    s += spec[c][3] / (k + r)
-            h.score = s * (k + 1) / wsum          # 1.0 = first in every channel
+                    s += w[c] / (k + r)
+            h.score = s * (k + 1) / ws            # 1.0 = first in every channel
     else:  # convex: similarities as they are (clamped to 0..1), keyword scores relative to the best one
         kmax = max((h.k_score for h in hits.values()), default=0.0) or 1.0
         vnorm = sum(tuning.doc_decay ** i for i in range(cap)) or 1.0
         for h in hits.values():
+            w, ws = (code_weights, code_wsum) if h.kind == "code" else (weights, wsum)
             s = 0.0
             for c in active:
-                has, score, _r, w = spec[c]
+                has, score, _r, _w = spec[c]
                 if not has(h):
                     continue
                 x = score(h) / (kmax if c == "keyword" else vnorm if c == "vector" else 1.0)
-                s += w * max(0.0, min(1.0, x))
-            h.score = s / wsum
+                s += w[c] * max(0.0, min(1.0, x))
+            h.score = s / ws
     return sorted(hits.values(), key=lambda h: (-h.score, h.doc_id))
 
 
