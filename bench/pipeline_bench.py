@@ -261,7 +261,8 @@ class DagsterHarness:
         self.embedder = CountingEmbedder(cost)
         # kb_embeddings is one asset of a two-asset step (with kb_signposts): the job selects it alone
         assets = [kb_documents, kb_chunks, kb_embeddings_and_signposts, kb_search_index]
-        job = dg.define_asset_job("bench_index", selection=[kb_documents, kb_chunks, kb_embeddings, kb_search_index],
+        job = dg.define_asset_job("bench_index", selection=[kb_documents.key, kb_chunks.key, kb_embeddings,
+                                                            kb_search_index.key],
                                   partitions_def=kb_documents.partitions_def)
         self.defs = dg.Definitions(assets=assets, jobs=[job],
                                    resources={"kb": BenchKb(config_path=str(kb_yaml))})
