@@ -106,17 +106,41 @@ def kb_chunks(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Materiali
     })
 
 
-@dg.asset(
-    partitions_def=sources_partitions,
-    group_name=GROUP,
-    kinds={"python", "pgvector"},
-    deps=[kb_chunks],
-    pool="embedding_api",
-    retry_policy=dg.RetryPolicy(max_retries=2, delay=30, backoff=dg.Backoff.EXPONENTIAL),
-    description="A vector for every chunk hash in the active (model, dimension) space; pay once per hash.",
-)
-def kb_embeddings(context: dg.AssetExecutionContext, kb: KbResource) -> dg.MaterializeResult:
-    key = context.partition_key
+# The embedding and signposts stages are one step (a multi-asset of two assets): Dagster runs a run's steps
+# one after another in process (`kb index`: execute_in_process ignores the job's executor), and the two need
+# nothing of each other, so the step runs them side by side, each on its own connection; the embedding stage
+# mostly waits on its model, the signposts stage is Python work (docs/BENCHMARKS.md, "Signposts beside
+# embeddings"). Selected alone (the UI, a subset job) each runs alone, as before.
+kb_embeddings = dg.AssetKey("kb_embeddings")
+kb_signposts = dg.AssetKey("kb_signposts")
+
+
+def _configured_kinds() -> tuple[str, str]:
+    """(signposter, embedder) of the config, read once at import: the UI shows them as kinds, and they choose
+    the step's pool."""
+    from kb_assets.config import load_config
+
+    try:
+        cfg = load_config()
+        return cfg.signposter, cfg.embedder
+    except Exception:   # a config error is reported by the partitions / the run, not at import here
+        return "extractive", "local"
+
+
+_SIGNPOSTER_KIND, _EMBEDDER_KIND = _configured_kinds()
+# A step has one pool (op granularity): the one of the API the step calls. The local model calls none, so
+# with Gemini signposts the step takes an `llm_api` slot; otherwise `embedding_api` (docs/DEPLOYMENT.md).
+_STEP_POOL = "llm_api" if _SIGNPOSTER_KIND == "gemini" and _EMBEDDER_KIND != "voyage" else "embedding_api"
+
+
+def _trace_as(asset_name: str, stage):
+    """The stage's name in the stage trace (KB_STAGE_TRACE, bench/faults.py), which guard takes from the
+    function's qualified name: the asset's, as when each asset had its own function."""
+    stage.__qualname__ = f"{asset_name}.<locals>.stage"
+    return stage
+
+
+def _materialize_embeddings(kb: KbResource, key: str) -> dg.MaterializeResult:
     embedder = kb.embedder()
 
     def stage(conn):
@@ -125,16 +149,84 @@ def kb_embeddings(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Mater
         record_run(conn, key, "embeddings", {"embeddings": stats.as_metadata()})
         return stats
 
-    stats = kb.run_stage(key, stage)
+    stats = kb.run_stage(key, _trace_as("kb_embeddings", stage))
     cost = 0.0
     if kb.config.embedder == "voyage":
         cost = stats.tokens / 1e6 * kb.config.voyage.price_per_million_tokens
-    return dg.MaterializeResult(metadata={
+    return dg.MaterializeResult(asset_key=kb_embeddings, metadata={
         "model": stats.model, "dimension": stats.dimension, "chunks_embedded": stats.chunks_embedded,
         "batches": stats.batches, "tokens": stats.tokens, "estimated_cost_usd": round(cost, 6),
         "missing_after": stats.missing_after, "orphans_removed": stats.orphans_removed,
         "vector_index_dropped": stats.vector_index_dropped, "seconds": stats.seconds,
     })
+
+
+def _materialize_signposts(kb: KbResource, key: str) -> dg.MaterializeResult:
+    from kb_assets.signposts.base import SignpostAuthError, SignpostQuotaError
+    from kb_assets.pipeline.signposts import run_signposts
+
+    signposter = kb.signposter()
+    started = time.perf_counter()
+
+    def stage(conn):
+        try:
+            stats = run_signposts(conn, key, signposter,
+                                  max_failures=kb.config.gemini.max_failures_before_parking,
+                                  concurrency=kb.config.gemini.concurrency if kb.config.signposter == "gemini" else 1)
+        except (SignpostAuthError, SignpostQuotaError) as exc:
+            # Retrying cannot fix a rejected key or an exhausted daily quota: fail once, clearly.
+            raise dg.Failure(description=str(exc), allow_retries=False) from exc
+        meta = stats.as_metadata() if hasattr(stats, "as_metadata") else dict(vars(stats))
+        record_run(conn, key, "signposts", {"signposts": meta})
+        return meta
+
+    meta = kb.run_stage(key, _trace_as("kb_signposts", stage))
+    meta = {k: v for k, v in meta.items() if isinstance(v, (int, float, str, bool))}
+    meta.setdefault("seconds", round(time.perf_counter() - started, 3))
+    meta["generator"] = signposter.generator
+    meta["model"] = signposter.model
+    return dg.MaterializeResult(asset_key=kb_signposts, metadata=meta)
+
+
+@dg.multi_asset(
+    name="kb_embeddings_and_signposts",
+    partitions_def=sources_partitions,
+    group_name=GROUP,
+    can_subset=True,
+    specs=[
+        dg.AssetSpec(kb_embeddings, deps=[kb_chunks], kinds={"python", "pgvector"}, description=(
+            "A vector for every chunk hash in the active (model, dimension) space; pay once per hash.")),
+        dg.AssetSpec(kb_signposts, deps=[kb_documents], kinds={"python", _SIGNPOSTER_KIND}, description=(
+            "Per-document signposts: summary, decisions with rationale, artifacts (code: purpose, "
+            "functions).")),
+    ],
+    pool=_STEP_POOL,
+    # a retry re-runs the step: committed vectors and current signposts are found again, not redone
+    retry_policy=dg.RetryPolicy(max_retries=2, delay=60 if _SIGNPOSTER_KIND == "gemini" else 30,
+                                backoff=dg.Backoff.EXPONENTIAL),
+    description="The embedding and signposts stages of a source, side by side when both are selected.",
+)
+def kb_embeddings_and_signposts(context: dg.AssetExecutionContext, kb: KbResource):
+    key = context.partition_key
+    selected = context.selected_asset_keys
+    if selected == {kb_embeddings}:
+        yield _materialize_embeddings(kb, key)
+        return
+    if selected == {kb_signposts}:
+        yield _materialize_signposts(kb, key)
+        return
+    from kb_assets.pipeline.side_by_side import run_side_by_side
+
+    # the embedding stage here (its progress bar, its signal handling as before), the signposts beside it
+    embeddings, signposts, error = run_side_by_side(lambda: _materialize_embeddings(kb, key),
+                                                    lambda: _materialize_signposts(kb, key),
+                                                    thread_name=f"kb_signposts[{key}]")
+    # what one stage finished is reported even when the other failed: its work is committed
+    for outcome in (signposts, embeddings):
+        if outcome.done:
+            yield outcome.value
+    if error is not None:
+        raise error
 
 
 @dg.asset(
@@ -167,53 +259,6 @@ def kb_search_index(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Mat
         "document_vectors": dg.MetadataValue.json(q.get("document_vectors") or {}),
         "seconds": stats.seconds,
     })
-
-
-def _signposter_kind() -> str:
-    """What generates the signposts (the UI shows it as the asset's kind): extractive or gemini."""
-    from kb_assets.config import load_config
-
-    try:
-        return load_config().signposter
-    except Exception:   # a config error is reported by the partitions / the run, not at import here
-        return "extractive"
-
-
-@dg.asset(
-    partitions_def=sources_partitions,
-    group_name=GROUP,
-    kinds={"python", _signposter_kind()},
-    deps=[kb_documents],
-    pool="llm_api",
-    retry_policy=dg.RetryPolicy(max_retries=2, delay=60, backoff=dg.Backoff.EXPONENTIAL),
-    description="Per-document signposts: summary, decisions with rationale, artifacts (code: purpose, functions).",
-)
-def kb_signposts(context: dg.AssetExecutionContext, kb: KbResource) -> dg.MaterializeResult:
-    from kb_assets.signposts.base import SignpostAuthError, SignpostQuotaError
-    from kb_assets.pipeline.signposts import run_signposts
-
-    key = context.partition_key
-    signposter = kb.signposter()
-    started = time.perf_counter()
-
-    def stage(conn):
-        try:
-            stats = run_signposts(conn, key, signposter,
-                                  max_failures=kb.config.gemini.max_failures_before_parking,
-                                  concurrency=kb.config.gemini.concurrency if kb.config.signposter == "gemini" else 1)
-        except (SignpostAuthError, SignpostQuotaError) as exc:
-            # Retrying cannot fix a rejected key or an exhausted daily quota: fail once, clearly.
-            raise dg.Failure(description=str(exc), allow_retries=False) from exc
-        meta = stats.as_metadata() if hasattr(stats, "as_metadata") else dict(vars(stats))
-        record_run(conn, key, "signposts", {"signposts": meta})
-        return meta
-
-    meta = kb.run_stage(key, stage)
-    meta = {k: v for k, v in meta.items() if isinstance(v, (int, float, str, bool))}
-    meta.setdefault("seconds", round(time.perf_counter() - started, 3))
-    meta["generator"] = signposter.generator
-    meta["model"] = signposter.model
-    return dg.MaterializeResult(metadata=meta)
 
 
 @dg.asset(

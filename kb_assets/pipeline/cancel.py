@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 
 _stop = threading.Event()
 _reason = ""
+_scope = threading.local()   # .event: a stop shared by stages running side by side (stop_scope)
 _hooks: dict[int, Callable[[], None]] = {}
 _hooks_lock = threading.Lock()
 
@@ -69,8 +70,26 @@ def request_stop(reason: str = "stop requested") -> None:
             pass
 
 
+@contextmanager
+def stop_scope(event: threading.Event, reason: str) -> Iterator[None]:
+    """Inside, in this thread, `check()` and `stop_requested()` also see `event`: two stages run side by side
+    (defs/assets.py) stop each other when one fails, without the process-wide flag (that one means the
+    operator asked, and `kb index` would end every later source too)."""
+    previous = getattr(_scope, "stop", None)
+    _scope.stop = (event, reason)
+    try:
+        yield
+    finally:
+        _scope.stop = previous
+
+
+def _scoped_reason() -> str | None:
+    scoped = getattr(_scope, "stop", None)
+    return scoped[1] if scoped is not None and scoped[0].is_set() else None
+
+
 def stop_requested() -> bool:
-    return _stop.is_set()
+    return _stop.is_set() or _scoped_reason() is not None
 
 
 def reason() -> str:
@@ -88,6 +107,9 @@ def check() -> None:
     """Raise Cancelled if a stop was requested: call it between batches."""
     if _stop.is_set():
         raise Cancelled(_reason or "stop requested")
+    scoped = _scoped_reason()
+    if scoped is not None:
+        raise Cancelled(scoped)
 
 
 def wait(future: Future, poll: float = 0.1):
