@@ -40,7 +40,7 @@ from typing import Any, Sequence
 from kb_assets.sources.safe_names import printable
 
 from kb_assets.query.freshness import Freshness
-from kb_assets.query.gate import COVERAGE_MARGIN, MIN_SIMILARITY, SURE_SIMILARITY_ABOVE_FLOOR, _gate  # noqa: F401
+from kb_assets.query.gate import COVERAGE_MARGIN, MIN_SIMILARITY, SURE_SIMILARITY_ABOVE_FLOOR, _gate, null_similarity  # noqa: F401
 from kb_assets.query.relations import successors, successors_first
 from kb_assets.query.records import (
     PASSAGE_CHARS, Record, budget_signpost, cut_words, estimate_tokens, fallback_signpost, fit_record, squash,
@@ -96,6 +96,7 @@ class Tuning:
     # `min_similarity` here overrides the setting.
     min_similarity: float | None = None
     gate: bool = True
+    gate_null: bool = True             # the index-relative query test of the gate (query/gate.py; False: the old gate)
 
 
 DEFAULT_TUNING = Tuning()
@@ -842,7 +843,10 @@ def recall(queries: str | Sequence[str], *, config=None, limit: int | None = Non
         floor = tuning.min_similarity if tuning.min_similarity is not None else settings.min_similarity
         if floor is None:
             floor = MIN_SIMILARITY.get(getattr(embedder, "model", ""), 0.0) if embedder is not None else 0.0
-        per_query = [_gate(ranked, channels, floor, settings, tuning) for ranked in per_query]
+        null = null_similarity(conn, space[2], embedder, searcher.n_chunks) \
+            if tuning.gate_null and "vector" in channels else None
+        per_query = [_gate(ranked, channels, floor, settings, tuning, null, getattr(searcher, "n_docs", 0))
+                     for ranked in per_query]
     per_query = [[h for h in ranked if h.score >= min_score] for ranked in per_query]
     chosen_docs = _union([[h for h in r if h.kind != "code"] for r in per_query], limit)
     chosen_code = _union([[h for h in r if h.kind == "code"] for r in per_query], code_limit)
