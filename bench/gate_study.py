@@ -47,13 +47,13 @@ def capture(set_name: str, out: Path) -> None:
     captured: list = []
     real_gate = engine._gate
 
-    def spy(ranked, channels, floor, settings, tuning=None):
+    def spy(ranked, channels, floor, settings, *rest):
         captured.append((floor, [dict(doc=h.doc_id, kind=h.kind, sim=h.similarity, cov=h.coverage,
                                       vec=[s for s, _ in h.vec], kw=[s for s, _ in h.kw], d_sim=h.d_sim,
                                       score=h.score, v_rank=h.v_rank, k_rank=h.k_rank, d_rank=h.d_rank,
                                       k_score=h.k_score, v_score=h.v_score)
                              for h in ranked]))
-        return real_gate(ranked, channels, floor, settings, tuning)
+        return real_gate(ranked, channels, floor, settings, *rest)
 
     engine._gate = spy
     t = replace(Tuning(), gate=True)

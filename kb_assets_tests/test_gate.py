@@ -107,8 +107,9 @@ def real_corpus(conn):
 
 def test_null_level_measured_once_per_index_and_used_by_recall(real_corpus, conn):
     c, emb = real_corpus
-    from kb_assets.query.gate import _null_cache
+    from kb_assets.query.gate import _null_by_conn, _null_cache
     _null_cache.clear()
+    _null_by_conn.clear()
     n = conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
     level = null_similarity(conn, c.table, emb, n)
     assert emb.calls == len(PROBE_QUERIES)

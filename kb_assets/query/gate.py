@@ -22,6 +22,7 @@ with a calibrated floor (MIN_SIMILARITY) only, where the margins were measured.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -55,7 +56,8 @@ ON_TOPIC_ABOVE_NULL = 0.05           # all-MiniLM-L6-v2; joint choice over four 
 CLEARLY_ON_TOPIC_ABOVE_NULL = 0.20
 KEYWORD_TOP_KEPT = 50
 
-_null_cache: dict[tuple, float] = {}
+_null_cache: dict[tuple, float] = {}           # (database dsn, table, chunks, model) -> level
+_null_by_conn: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # the same, without reading the dsn
 _null_lock = threading.Lock()
 
 
@@ -67,9 +69,14 @@ def null_similarity(conn, table: str, embedder, n_chunks: int) -> float | None:
     model = getattr(embedder, "model", "")
     if embedder is None or model not in MIN_SIMILARITY:
         return None
-    key = (conn.info.dsn, table, int(n_chunks), model)
+    short = (table, int(n_chunks), model)
+    mine = _null_by_conn.get(conn)
+    if mine is not None and short in mine:
+        return mine[short]
+    key = (conn.info.dsn, *short)
     with _null_lock:
         if key in _null_cache:
+            _null_by_conn.setdefault(conn, {})[short] = _null_cache[key]
             return _null_cache[key]
     from psycopg import sql
 
@@ -88,6 +95,7 @@ def null_similarity(conn, table: str, embedder, n_chunks: int) -> float | None:
     level = best[min(len(best) - 1, int(NULL_QUANTILE * len(best)))]
     with _null_lock:
         _null_cache[key] = level
+        _null_by_conn.setdefault(conn, {})[short] = level
     return level
 
 
