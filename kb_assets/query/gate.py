@@ -85,6 +85,7 @@ def null_similarity(conn, table: str, embedder, n_chunks: int) -> float | None:
                 ).format(t=sql.Identifier(table))
     best = []
     with conn.transaction():
+        conn.execute("SET LOCAL hnsw.ef_search = 100")   # the true nearest chunk, not an approximation of it
         for v in vectors:
             row = conn.execute(q, (v, v)).fetchone()
             if row is not None:
