@@ -413,11 +413,20 @@ def _seed(es: EvalSet, cfg_path: Path) -> int:
     return n
 
 
-def build_index(es: EvalSet, *, seed: bool = True, force: bool = False, adopt: bool = False) -> dict:
-    """The set's index, built by `kb index` (subprocess) or reused from the cache; returns its info."""
+def build_index(es: EvalSet, *, seed: bool = True, force: bool = False, adopt: bool = False,
+                stale_ok: bool = False) -> dict:
+    """The set's index, built by `kb index` (subprocess) or reused from the cache; returns its info.
+    `stale_ok`: when this key was never built, the newest finished build of the set instead (query-only work:
+    the ranking code is not in the key), never a build."""
     key = set_key(es)
     work = OUT / "index" / f"{es.name}-{key}"
     info_file = work / "built.json"
+    if stale_ok and not info_file.exists() and not force:
+        done = sorted((OUT / "index").glob(f"{es.name}-*/built.json"), key=lambda p: p.stat().st_mtime)
+        if not done:
+            sys.exit(f"quality: --stale-ok: {es.name} has no finished build in {OUT / 'index'}: build it first")
+        log(f"{es.name}: key {key} not built; --stale-ok: evaluating {done[-1].parent.name}")
+        info_file = done[-1]
     if info_file.exists() and not force:
         info = json.loads(info_file.read_text())
         info["reused"] = True
@@ -708,6 +717,9 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "default_code_kw2": ({"code_keyword_factor": 2.0}, {}),
     "default_code_doc0.25": ({"code_document_factor": 0.25}, {}),
     "default_code_doc1": ({"code_document_factor": 1.0}, {}),
+    # twice the document-vector channel's candidates (PEPs Recall@100: gold documents the keyword channel alone
+    # ranks 43-147 get a second channel's rank; docs/QUALITY.md "Fifth pass")
+    "default_docwin200": ({}, {"document_window": 200}),
 }
 # Measured once and left out of the grid (docs/QUALITY.md): common query words too, as the baseline's BM25
 # reads every word (code_history hybrid 0.745 for both against 0.753).
@@ -730,7 +742,8 @@ def leave_one_set_out(results: dict, dev_sets: list[str]) -> list[dict]:
                     "held_out_ndcg@10": results[held]["variants"][best]["hybrid"]["ndcg@10"],
                     "held_out_recall@100": results[held]["variants"][best]["hybrid"]["recall@100"],
                     "default_ndcg@10": results[held]["variants"]["default"]["hybrid"]["ndcg@10"],
-                    "before_ndcg@10": results[held]["variants"]["before"]["hybrid"]["ndcg@10"],
+                    "before_ndcg@10": results[held]["variants"].get("before", {}).get("hybrid", {}).get("ndcg@10",
+                                                                                                      float("nan")),
                     "baseline_ndcg@10": results[held]["baseline"]["hybrid"]["ndcg@10"]})
     return out
 
@@ -762,6 +775,11 @@ def evaluate_set(es: EvalSet, info: dict, model, *, variants: list[str] | None =
     res["kb_gate_on_results_mean"] = {m: round(sum(len(v) for v in run.values()) / max(1, len(run)), 1)
                                       for m, run in kb_g.items()}
     res["off_topic_results"] = off_topic_counts(es, cfg, conn, emb)
+    # the gate before the index's null level (query/gate.py), in the same run: before / after
+    old_gate = Tuning(gate_null=False)
+    kb_o = kb_runs(es, cfg, conn, emb, queries, modes=("hybrid",), tuning=old_gate, gate=True)
+    res["kb_gate_fixed_floor"] = {m: score(run, qrels) for m, run in kb_o.items()}
+    res["off_topic_results_fixed_floor"] = off_topic_counts(es, cfg, conn, emb, old_gate)
     res["kb_seconds"] = round(time.time() - t0, 1)
     # baseline, same queries, same query vectors
     t0 = time.time()
@@ -817,11 +835,16 @@ def render(results: dict, command: str) -> str:
                 lines.append(f"| {mode} | {sysname} | " + " | ".join(f"{block[mode][m]:.3f}" for m in METRICS) + " |")
         for mode, block in r["kb_gate_on"].items():
             lines.append(f"| {mode}, gate on | kb | " + " | ".join(f"{block[m]:.3f}" for m in METRICS) + " |")
+        for mode, block in r.get("kb_gate_fixed_floor", {}).items():
+            lines.append(f"| {mode}, gate on, fixed floor only (before) | kb | "
+                         + " | ".join(f"{block[m]:.3f}" for m in METRICS) + " |")
         ot = r["off_topic_results"]
         lines.append("")
         lines.append(f"Off-topic queries ({len(ot['hybrid'])}), results returned (gate on, default limits): hybrid"
                      f" {ot['hybrid']}, keyword {ot['keyword']}. Mean results per judged query, gate on:"
                      f" {r['kb_gate_on_results_mean']}.")
+        if "off_topic_results_fixed_floor" in r:
+            lines.append(f"Before (the gate with the fixed floor only): hybrid {r['off_topic_results_fixed_floor']['hybrid']}.")
         lines.append("")
     return "\n".join(lines)
 
@@ -863,12 +886,13 @@ DOC_BEGIN = "<!-- quality.py:begin -->"
 DOC_END = "<!-- quality.py:end -->"
 
 
-def write_doc(text: str) -> None:
+def write_doc(text: str, tag: str = "") -> None:
     doc = ROOT / "docs" / "QUALITY.md"
     cur = doc.read_text(encoding="utf-8")
-    block = f"{DOC_BEGIN}\n{text}\n{DOC_END}"
-    if DOC_BEGIN in cur:
-        a, b = cur.index(DOC_BEGIN), cur.index(DOC_END) + len(DOC_END)
+    begin, end = (f"<!-- quality.py:{tag}:begin -->", f"<!-- quality.py:{tag}:end -->") if tag else (DOC_BEGIN, DOC_END)
+    block = f"{begin}\n{text}\n{end}"
+    if begin in cur:
+        a, b = cur.index(begin), cur.index(end) + len(end)
         cur = cur[:a] + block + cur[b:]
     else:
         cur = cur.rstrip() + "\n\n## Quality on several sets, kb beside a plain baseline (bench/quality.py)\n\n" + block + "\n"
@@ -894,6 +918,12 @@ def main() -> None:
     ap.add_argument("--from-results", action="store_true", help="report every set in results.json, also those "
                     "evaluated by earlier runs")
     ap.add_argument("--label", default="", help="a note printed above the tables (e.g. 'unrepaired index')")
+    ap.add_argument("--stale-ok", action="store_true", help="evaluate the newest finished build of a set whose "
+                    "current index key was never built, instead of building (query-only changes)")
+    ap.add_argument("--results", default="results.json", help="results file in the cache (default results.json; "
+                    "another name keeps one helper's runs apart from the others')")
+    ap.add_argument("--doc-tag", default="", help="with --doc: write between <!-- quality.py:TAG:begin/end --> "
+                    "(one's own subsection) instead of the shared block")
     args = ap.parse_args()
     if args.cache_dir:
         global OUT
@@ -907,14 +937,14 @@ def main() -> None:
         if s not in sets:
             sys.exit(f"quality: unknown set {s!r}: use {', '.join(sets)}")
     if args.report_only:   # render results.json as it is (each set as measured on its own index key)
-        results = {s: r for s, r in json.loads((OUT / "results.json").read_text()).items() if s in chosen}
+        results = {s: r for s, r in json.loads((OUT / args.results).read_text()).items() if s in chosen}
         loso = leave_one_set_out(results, [s for s in results if results[s].get("variants")]) \
             if len([s for s in results if results[s].get("variants")]) >= 3 else None
         text = (f"_{args.label}_\n\n" if args.label else "") + render(results, "python bench/quality.py --variants")
         text += "\n" + render_variants(results, loso)
         print(text)
         if args.doc:
-            write_doc(text)
+            write_doc(text, args.doc_tag)
         return
     if args.save_seed:   # keep what a stopped build paid for: the next build of the set is seeded with it
         for s in chosen:
@@ -926,7 +956,8 @@ def main() -> None:
         return
     infos = {}
     for s in chosen:
-        infos[s] = build_index(sets[s], seed=not args.no_seed, force=args.rebuild, adopt=args.adopt)
+        infos[s] = build_index(sets[s], seed=not args.no_seed, force=args.rebuild, adopt=args.adopt,
+                               stale_ok=args.stale_ok)
     if args.build_only:
         print(json.dumps(infos, indent=1, default=str))
         return
@@ -938,8 +969,8 @@ def main() -> None:
         results[s] = evaluate_set(sets[s], infos[s], model, variants=variants)
     OUT.mkdir(parents=True, exist_ok=True)
     # sets evaluated in earlier runs stay in the file (their index key says which build they measured)
-    prev = json.loads((OUT / "results.json").read_text()) if (OUT / "results.json").exists() else {}
-    (OUT / "results.json").write_text(json.dumps({**prev, **results}, indent=1, default=str))
+    prev = json.loads((OUT / args.results).read_text()) if (OUT / args.results).exists() else {}
+    (OUT / args.results).write_text(json.dumps({**prev, **results}, indent=1, default=str))
     if args.from_results:   # report every set of the file (each measured on its own index key)
         results = {**prev, **results}
     command = "python bench/quality.py" + (f" --sets {args.sets}" if args.sets != ap.get_default("sets") else "")
@@ -959,7 +990,7 @@ def main() -> None:
     text += "\n" + render_variants(results, loso)
     print(render_variants(results, loso))
     if args.doc:
-        write_doc(text)
+        write_doc(text, args.doc_tag)
 
 
 if __name__ == "__main__":

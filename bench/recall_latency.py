@@ -283,6 +283,8 @@ def main() -> None:
     ap.add_argument("--write-doc", action="store_true")
     ap.add_argument("--compare", metavar="JSON", help='also measure recall() with these Tuning fields, in the same '
                     'run (before/after of a ranking change), e.g. \'{"keyword_bm25": false}\'')
+    ap.add_argument("--compare-settings", metavar="JSON", help='also measure recall() with these query settings '
+                    '(kb.yaml `query:` fields), in the same run, e.g. \'{"document_window": 300}\'')
     ap.add_argument("--real", metavar="KB_YAML", help="measure an existing index instead (real vectors and texts), "
                     "e.g. the PEP index of bench/eval_peps.py: /tmp/kb-eval-peps/pipeline/kb.yaml")
     args = ap.parse_args()
@@ -312,6 +314,12 @@ def main() -> None:
         from kb_assets.query import Tuning
         other = measure(conn, queries, args.runs, tuning=Tuning(**json.loads(args.compare)))
         res[f"recall() hybrid with {args.compare}"] = other["recall() hybrid, end to end excluding embedding"]
+    if args.compare_settings:
+        from kb_assets.config import KbConfig, QuerySettings
+        cfg = KbConfig().model_copy(update={"query": QuerySettings(**json.loads(args.compare_settings))})
+        other = measure(conn, queries, args.runs, config=cfg)
+        res[f"recall() hybrid with query settings {args.compare_settings}"] = \
+            other["recall() hybrid, end to end excluding embedding"]
     load_after = os.getloadavg()
     lines = [f"{'approach':58s} {'p50 ms':>7s} {'p95 ms':>7s} {'distinct docs mean/min':>24s}"]
     for name, r in res.items():

@@ -40,6 +40,7 @@ from typing import Any, Sequence
 from kb_assets.sources.safe_names import printable
 
 from kb_assets.query.freshness import Freshness
+from kb_assets.query.gate import COVERAGE_MARGIN, MIN_SIMILARITY, SURE_SIMILARITY_ABOVE_FLOOR, _gate, null_similarity  # noqa: F401
 from kb_assets.query.relations import successors, successors_first
 from kb_assets.query.records import (
     PASSAGE_CHARS, Record, budget_signpost, cut_words, estimate_tokens, fallback_signpost, fit_record, squash,
@@ -108,44 +109,7 @@ class Tuning:
     # `min_similarity` here overrides the setting.
     min_similarity: float | None = None
     gate: bool = True
-
-
-# Calibrated per model (docs/QUALITY.md: PEP evaluation set, regression set, off-topic queries): the best-passage
-# similarity below which a result is noise. Unknown models get 0 (no floor) until someone measures them.
-MIN_SIMILARITY = {"all-MiniLM-L6-v2": 0.25, "sentence-transformers/all-MiniLM-L6-v2": 0.25}
-SURE_SIMILARITY_ABOVE_FLOOR = 0.15     # floor + this: similar enough whatever the best result is
-COVERAGE_MARGIN = 0.2
-
-
-def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings, tuning=None) -> list[_DocHit]:
-    """The relevance gate: drop weak results instead of filling the list.
-
-    Similarity (the best passage's, or the document vector's): a result is kept at or above
-    max(floor, min(best − margin, floor + 0.15)) — near the best result of this query, never below the
-    floor, and always when clearly similar (floor + 0.15). Keyword coverage (share of the query's IDF mass
-    its best chunk matches) keeps a result at or above max(min_keyword_coverage, best − 0.2) in hybrid
-    mode (a rescue for exact-term matches); in keyword-only mode, where it is the only evidence, at or above
-    max(0.1, min(best − 0.2, min_keyword_coverage)).
-    """
-    if not ranked:
-        return ranked
-    vec_on, kw_on = "vector" in channels, "keyword" in channels
-    margin = settings.similarity_margin
-    t_sim = t_cov = float("inf")
-    if vec_on:
-        best = max(h.similarity for h in ranked)
-        t_sim = max(floor, min(best - margin, floor + SURE_SIMILARITY_ABOVE_FLOOR))
-        if tuning is not None and tuning.gate_strong_floor and best >= floor + SURE_SIMILARITY_ABOVE_FLOOR:
-            t_sim = floor
-    if kw_on:
-        best_cov = max(h.coverage for h in ranked)
-        if vec_on:
-            t_cov = max(settings.min_keyword_coverage, best_cov - COVERAGE_MARGIN)
-        else:
-            t_cov = max(0.1, min(best_cov - COVERAGE_MARGIN, settings.min_keyword_coverage))
-    return [h for h in ranked
-            if (vec_on and (h.vec or h.d_sim is not None) and h.similarity >= t_sim)
-            or (kw_on and h.kw and h.coverage >= t_cov)]
+    gate_null: bool = True             # the index-relative query test of the gate (query/gate.py; False: the old gate)
 
 
 DEFAULT_TUNING = Tuning()
@@ -920,7 +884,10 @@ def recall(queries: str | Sequence[str], *, config=None, limit: int | None = Non
         floor = tuning.min_similarity if tuning.min_similarity is not None else settings.min_similarity
         if floor is None:
             floor = MIN_SIMILARITY.get(getattr(embedder, "model", ""), 0.0) if embedder is not None else 0.0
-        per_query = [_gate(ranked, channels, floor, settings, tuning) for ranked in per_query]
+        null = null_similarity(conn, space[2], embedder, searcher.n_chunks) \
+            if tuning.gate_null and "vector" in channels else None
+        per_query = [_gate(ranked, channels, floor, settings, tuning, null, getattr(searcher, "n_docs", 0))
+                     for ranked in per_query]
     per_query = [[h for h in ranked if h.score >= min_score] for ranked in per_query]
     chosen_docs = _union([[h for h in r if h.kind != "code"] for r in per_query], limit)
     chosen_code = _union([[h for h in r if h.kind == "code"] for r in per_query], code_limit)

@@ -1,0 +1,133 @@
+"""The relevance gate's index-relative level (query/gate.py): hand-made hits for the rule, the real model on a
+small real index for the null level and its cache."""
+from __future__ import annotations
+
+import pytest
+
+from kb_assets.config import QuerySettings
+from kb_assets.query import Tuning, recall
+from kb_assets.query.engine import _DocHit
+from kb_assets.query.gate import (CLEARLY_ON_TOPIC_ABOVE_NULL, KEYWORD_TOP_KEPT, ON_TOPIC_ABOVE_NULL, PROBE_QUERIES,
+                                  _gate, null_similarity)
+from kb_assets_tests.test_query_support import Corpus
+
+HYBRID = ["vector", "document", "keyword"]
+
+
+def hit(i, sim=None, cov=0.0, k_rank=None):
+    h = _DocHit(i, "doc")
+    if sim is not None:
+        h.vec.append((sim, i))
+    if cov or k_rank is not None:
+        h.kw.append((cov, i))
+        h.coverage = cov
+        h.k_rank = k_rank
+    return h
+
+
+def kept(hits, null, n_docs=1000, channels=HYBRID):
+    return [h.doc_id for h in _gate(hits, channels, 0.25, QuerySettings(), Tuning(), null, n_docs)]
+
+
+def test_a_query_near_the_null_level_keeps_only_exact_term_matches():
+    hits = [hit(1, 0.45), hit(2, 0.41), hit(3, 0.30, cov=0.9, k_rank=1), hit(4, 0.20, cov=0.3, k_rank=2)]
+    # the fixed floor alone (no null level) keeps the similar ones: 0.45 >= 0.40 is "clearly similar"
+    assert kept(hits, None) == [1, 2, 3]
+    # on an index whose off-topic questions reach 0.42, 0.45 is background: only the exact-term match stays
+    assert 0.45 < 0.42 + ON_TOPIC_ABOVE_NULL
+    assert kept(hits, 0.42) == [3]
+    # the same hits on an index whose background is 0.30: about the index, the old rule
+    assert kept(hits, 0.30) == [1, 2, 3]
+    # ... and at 0.20 clearly about it: BM25's second document stays too
+    assert kept(hits, 0.20) == [1, 2, 3, 4]
+
+
+def test_channels_that_agree_on_the_first_document_keep_a_weak_query():
+    first = hit(1, 0.30, cov=0.5, k_rank=1)
+    first.v_rank = 1
+    hits = [first, hit(2, 0.27), hit(3, 0.0, cov=0.2, k_rank=2)]
+    assert kept(hits, 0.42) == [1, 2]           # below the null level, but BM25 and the vectors agree: the old rule
+    first.v_rank = 2
+    assert kept(hits, 0.42) == []               # they disagree: not about this index
+
+
+def test_a_clearly_on_topic_query_keeps_the_keyword_channels_first_documents():
+    hits = [hit(1, 0.80), hit(2, 0.10, cov=0.15, k_rank=18), hit(3, 0.0, cov=0.1, k_rank=KEYWORD_TOP_KEPT + 1)]
+    null = 0.80 - CLEARLY_ON_TOPIC_ABOVE_NULL   # best = null + the "clearly" margin
+    assert kept(hits, null) == [1, 2]            # BM25's 18th document stays, its 51st does not
+    assert kept(hits, null + 0.01) == [1]        # only on-topic: the old per-result rule
+    assert kept(hits, None) == [1]               # no null level: the old gate
+    # a small index: at most a tenth of its documents are kept this way
+    assert kept(hits, null, n_docs=100) == [1]
+    assert kept(hits, null, n_docs=190) == [1, 2]
+
+
+def test_keyword_mode_is_unchanged_by_the_null_level():
+    hits = [hit(1, cov=0.35, k_rank=1), hit(2, cov=0.2, k_rank=2), hit(3, cov=0.1, k_rank=3)]
+    assert kept(hits, 0.9, channels=["keyword"]) == kept(hits, None, channels=["keyword"]) == [1, 2]
+
+
+class RealEmbedder:
+    """The packaged all-MiniLM-L6-v2 (query encoder) for chunks and queries; counts its calls."""
+    model = "all-MiniLM-L6-v2"
+    dimension = 384
+
+    def __init__(self):
+        from kb_assets.embedding.local import LocalEmbedder
+        self.inner = LocalEmbedder()
+        self.calls = 0
+
+    def vec(self, text):
+        return list(self.inner.embed_query(text))
+
+    def embed_query(self, text):
+        self.calls += 1
+        return self.inner.embed_query(text)
+
+
+OPS = [
+    ("adr/0001-celery.md", "Celery workers leak memory after long uptimes; we restart celery workers nightly with a warm shutdown."),
+    ("adr/0002-kafka.md", "Auction bids stream through kafka topics into the bid pipeline instead of hourly batch files."),
+    ("adr/0003-backups.md", "Postgres backups run with pg_dump every night and are copied to object storage for thirty days."),
+    ("adr/0004-tls.md", "Internal services talk over mutual TLS; certificates rotate every ninety days through vault."),
+    ("adr/0005-logs.md", "Service logs are shipped as structured JSON to the central log store and kept for two weeks."),
+    ("adr/0006-deploys.md", "Deploys roll out with blue-green switching behind the load balancer and automatic rollback."),
+]
+
+
+@pytest.fixture
+def real_corpus(conn):
+    emb = RealEmbedder()
+    c = Corpus(conn, emb)
+    for path, text in OPS:
+        c.doc(path, [text], source="decisions", kind="adr", title=path)
+    c.refresh()
+    return c, emb
+
+
+def test_null_level_measured_once_per_index_and_used_by_recall(real_corpus, conn):
+    c, emb = real_corpus
+    from kb_assets.query.gate import _null_by_conn, _null_cache
+    _null_cache.clear()
+    _null_by_conn.clear()
+    n = conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
+    level = null_similarity(conn, c.table, emb, n)
+    assert emb.calls == len(PROBE_QUERIES)
+    assert -1.0 < level < 0.5                     # everyday questions are not close to ops decisions
+    assert null_similarity(conn, c.table, emb, n) == level and emb.calls == len(PROBE_QUERIES)   # cached
+    null_similarity(conn, c.table, emb, n + 1)    # the index changed: measured again
+    assert emb.calls == 2 * len(PROBE_QUERIES)
+
+    class Uncalibrated(RealEmbedder):
+        model = "some-other-model"
+    assert null_similarity(conn, c.table, Uncalibrated(), n) is None
+
+    # recall: an on-topic question still finds its decision; the probes are not embedded again
+    before = emb.calls
+    r = recall("why do we restart celery workers every night", conn=conn, embedder=emb)
+    assert [x.id for x in r.documents][:1] == ["kb:decisions/adr/0001-celery.md"]
+    assert emb.calls == before + 1
+    # an everyday question, gate on: nothing; gate off: the list is filled
+    assert recall("how to bake sourdough bread at home", conn=conn, embedder=emb).documents == []
+    assert len(recall("how to bake sourdough bread at home", conn=conn, embedder=emb,
+                      tuning=Tuning(gate=False)).documents) == len(OPS)
