@@ -136,7 +136,7 @@ def _index(args, run) -> int:
                     state = source_state.source_fingerprint(cfg, cfg.source(key))
                     if not args.force:
                         with _connect(cfg) as conn:
-                            if source_state.unchanged(conn, state):
+                            if source_state.unchanged(conn, state, cfg, cfg.source(key)):
                                 skipped_runs.add(key)
                     if key in skipped_runs:
                         if not args.quiet:
@@ -147,7 +147,11 @@ def _index(args, run) -> int:
                         continue
                     if not use_bars and not args.quiet:
                         console.print(f"indexing {key} …")
-                    result = job.execute(key)
+                    source_state.offer_listing(state)   # the documents stage lists nothing again
+                    try:
+                        result = job.execute(key)
+                    finally:
+                        source_state.offer_listing(None)
                     if result.success and not run.stopping and guard.last_unreachable() is None:
                         with _connect(cfg) as conn:
                             source_state.record_if_complete(conn, state)   # what the next run compares
