@@ -219,6 +219,25 @@ def _unchanged_figures(row: dict) -> dict:
     }
 
 
+# A $DAGSTER_HOME nobody configured (no dagster.yaml): Dagster's default storages there (the UI pointed at it
+# sees kb index's runs), without compute-log capture: for an in-process run it starts `tail -F` and a Python
+# orphan watcher per stream (four processes), and kb's steps report through Dagster's events, not stdout.
+# A configured home (its dagster.yaml) is used as it is.
+# Telemetry off as in the repository's dagster.yaml (it appends a line to logs/event.log per step).
+_UNCONFIGURED_HOME = {"compute_logs": {"module": "dagster._core.storage.noop_compute_log_manager",
+                                       "class": "NoOpComputeLogManager"},
+                      "telemetry": {"enabled": False}}
+
+
+def _cli_instance(dg):
+    home = os.environ.get("DAGSTER_HOME")
+    if not home:
+        return dg.DagsterInstance.ephemeral()
+    if os.path.exists(os.path.join(os.path.expanduser(home), "dagster.yaml")):
+        return dg.DagsterInstance.get()          # the user's instance, as configured
+    return dg.DagsterInstance.local_temp(tempdir=os.path.expanduser(home), overrides=_UNCONFIGURED_HOME)
+
+
 class _DagsterJob:
     """The `kb_index` job of the definitions, run in-process; built on the first source that needs a run."""
 
@@ -241,8 +260,7 @@ class _DagsterJob:
             # Two first runs on one fresh $DAGSTER_HOME raced on its sqlite schema (alembic "more than one
             # head"): the instance is opened under a lock of our database.
             with source_lock(self._url, ":dagster-instance", check=cancel.check):   # ":" is no source key
-                self._instance = (dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME")
-                                  else dg.DagsterInstance.ephemeral())
+                self._instance = _cli_instance(dg)
         return self._job.execute_in_process(partition_key=key, instance=self._instance, raise_on_error=False,
                                             run_config={"loggers": {"console": {"config": {"log_level": "ERROR"}}}})
 

@@ -66,7 +66,7 @@ class SourceState:
     details: dict = field(default_factory=dict)
     projections_present: bool = True   # the T0 tier file exists (else a run rebuilds the projections)
     listing: object = field(default=None, repr=False, compare=False)   # the Listing taken (listing mode)
-    root: str = ""
+    listing_key: str = ""              # what the listing depends on (_listing_key)
 
 
 _code_version: str | None = None
@@ -138,7 +138,8 @@ def source_fingerprint(cfg: KbConfig, source: SourceConfig) -> SourceState:
                 h.update(f"skip\0{s.path}\0{s.reason}\0{s.detail}\n".encode("utf-8", "surrogateescape"))
             details["listing"] = h.hexdigest()[:16]
         h.update(json.dumps(details, sort_keys=True, default=str).encode())
-        state = SourceState(source.key, h.hexdigest(), "", details, listing=listing, root=str(root))
+        state = SourceState(source.key, h.hexdigest(), "", details, listing=listing,
+                            listing_key=_listing_key(cfg, source))
         # not part of the fingerprint (the first run creates them): a precondition of "unchanged"
         state.projections_present = (cfg.projections_path() / "index.dsl").is_file()
         return state
@@ -160,10 +161,16 @@ def take_listing(cfg: KbConfig, source: SourceConfig):
     """The offered listing of this source with these settings and root (once), or None: list it yourself."""
     global _offered
     state, _offered = _offered, None
-    if (state is None or state.source != source.key or state.root != str(cfg.source_root(source))
-            or state.details.get("settings") != settings_digest(cfg, source)):
+    if state is None or state.source != source.key or state.listing_key != _listing_key(cfg, source):
         return None
     return state.listing
+
+
+def _listing_key(cfg: KbConfig, source: SourceConfig) -> str:
+    """The settings a listing depends on: the source's, the global ones and the resolved root (not the path
+    the config was named by: the CLI and the Dagster resource load the same kb.yaml by different names)."""
+    return hashlib.sha256(f"{cfg.model_dump_json(exclude={'sources'})}\0{source.model_dump_json()}\0"
+                          f"{cfg.source_root(source)}".encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
 def stored_fingerprint(conn: psycopg.Connection, source_key: str) -> str | None:
