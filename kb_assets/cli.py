@@ -222,7 +222,8 @@ def _unchanged_figures(row: dict) -> dict:
 # A $DAGSTER_HOME nobody configured (no dagster.yaml): Dagster's default storages there (the UI pointed at it
 # sees kb index's runs), without compute-log capture: for an in-process run it starts `tail -F` and a Python
 # orphan watcher per stream (four processes), and kb's steps report through Dagster's events, not stdout.
-# A configured home (its dagster.yaml) is used as it is.
+# Its event log: Dagster's files, written through connections kept open (defs/cli_event_log.py). A configured
+# home (its dagster.yaml) is used as it is.
 # Telemetry off as in the repository's dagster.yaml (it appends a line to logs/event.log per step).
 _UNCONFIGURED_HOME = {"compute_logs": {"module": "dagster._core.storage.noop_compute_log_manager",
                                        "class": "NoOpComputeLogManager"},
@@ -235,7 +236,10 @@ def _cli_instance(dg):
         return dg.DagsterInstance.ephemeral()
     if os.path.exists(os.path.join(os.path.expanduser(home), "dagster.yaml")):
         return dg.DagsterInstance.get()          # the user's instance, as configured
-    return dg.DagsterInstance.local_temp(tempdir=os.path.expanduser(home), overrides=_UNCONFIGURED_HOME)
+    home = os.path.expanduser(home)
+    events = {"event_log_storage": {"module": "kb_assets.defs.cli_event_log", "class": "HeldSqliteEventLogStorage",
+                                    "config": {"base_dir": os.path.join(home, "history", "runs", "")}}}
+    return dg.DagsterInstance.local_temp(tempdir=home, overrides={**_UNCONFIGURED_HOME, **events})
 
 
 class _DagsterJob:
