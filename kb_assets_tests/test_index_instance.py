@@ -56,3 +56,34 @@ def test_runs_on_an_unconfigured_home_are_seen_by_dagsters_default_instance(tmp_
     (configured / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     _index(cfg, configured)
     assert list(configured.rglob("compute_logs"))
+
+
+def test_the_kb_console_script_ends_a_run_cleanly_without_teardown(tmp_path):
+    """`kb index` (the console script) after a Dagster run leaves through index_run.exit_without_teardown: exit
+    code, JSON on stdout and the atexit work (the embedded server's handle released: with KB_DB_LINGER=0 the
+    server stops when the last handle goes) are those of a normal exit."""
+    import tempfile
+    import time
+
+    root = Path(tempfile.mkdtemp(prefix="kbexit-", dir="/tmp"))   # short: the server's socket is under it
+    (root / "notes").mkdir()
+    (root / "notes" / "a.md").write_text(_doc("Note a", "streams keep seven days"))
+    (root / "kb.yaml").write_text("data_dir: .kb\nsources:\n  - {key: notes, kind: doc, root: notes, include: ['*.md']}\n")
+    kb = Path(sys.executable).parent / "kb"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "KB_DB_LINGER": "0",
+           "DAGSTER_HOME": str(tmp_path)}
+    for k in ("KB_DATABASE_URL", "KB_CONFIG"):
+        env.pop(k, None)
+    for _ in range(2):
+        proc = subprocess.run([str(kb), "index", "--force", "--json"], cwd=root, env=env, capture_output=True,
+                              text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert [s["source"] for s in json.loads(proc.stdout)["sources"]] == ["notes"]
+    pid_file = root / ".kb" / "pg" / "postmaster.pid"
+    deadline = time.monotonic() + 30
+    while pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not pid_file.exists(), "the embedded server was left running: atexit did not release its handle"
+    proc = subprocess.run([str(kb), "index", "--config", str(root / "kb.yaml"), "--source", "nope"], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "nope" in proc.stderr     # errors before any run: unchanged
