@@ -167,6 +167,7 @@ def _index(args, run) -> int:
         finally:
             progress_mod.set_current(None)
             progress_mod.set_steps_in_process(False)
+            job.close()
     if run.stopping:
         run.finish()   # one line, exit 130/143
     elapsed = time.perf_counter() - started
@@ -248,6 +249,15 @@ class _DagsterJob:
     def __init__(self, url: str):
         self._url = url
         self._job = None
+
+    def close(self) -> None:
+        """Let the instance close its storages (sqlite: the runs' WAL checkpointed, not left beside the files)."""
+        instance, self._instance = getattr(self, "_instance", None), None
+        if instance is not None:
+            try:
+                instance.dispose()
+            except Exception:    # closing is best effort: the runs are committed already
+                pass
 
     def execute(self, key: str):
         from kb_assets.pipeline import cancel

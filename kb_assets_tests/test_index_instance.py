@@ -79,6 +79,7 @@ def test_the_kb_console_script_ends_a_run_cleanly_without_teardown(tmp_path):
                               text=True, timeout=900)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert [s["source"] for s in json.loads(proc.stdout)["sources"]] == ["notes"]
+    assert list(tmp_path.rglob("*.db")) and not list(tmp_path.rglob("*.db-wal"))   # storages closed, WAL checkpointed
     pid_file = root / ".kb" / "pg" / "postmaster.pid"
     deadline = time.monotonic() + 30
     while pid_file.exists() and time.monotonic() < deadline:
