@@ -136,7 +136,7 @@ def _index(args, run) -> int:
                     state = source_state.source_fingerprint(cfg, cfg.source(key))
                     if not args.force:
                         with _connect(cfg) as conn:
-                            if source_state.unchanged(conn, state):
+                            if source_state.unchanged(conn, state, cfg, cfg.source(key)):
                                 skipped_runs.add(key)
                     if key in skipped_runs:
                         if not args.quiet:
@@ -147,7 +147,11 @@ def _index(args, run) -> int:
                         continue
                     if not use_bars and not args.quiet:
                         console.print(f"indexing {key} …")
-                    result = job.execute(key)
+                    source_state.offer_listing(state)   # the documents stage lists nothing again
+                    try:
+                        result = job.execute(key)
+                    finally:
+                        source_state.offer_listing(None)
                     if result.success and not run.stopping and guard.last_unreachable() is None:
                         with _connect(cfg) as conn:
                             source_state.record_if_complete(conn, state)   # what the next run compares
@@ -163,6 +167,7 @@ def _index(args, run) -> int:
         finally:
             progress_mod.set_current(None)
             progress_mod.set_steps_in_process(False)
+            job.close()
     if run.stopping:
         run.finish()   # one line, exit 130/143
     elapsed = time.perf_counter() - started
@@ -215,12 +220,44 @@ def _unchanged_figures(row: dict) -> dict:
     }
 
 
+# A $DAGSTER_HOME nobody configured (no dagster.yaml): Dagster's default storages there (the UI pointed at it
+# sees kb index's runs), without compute-log capture: for an in-process run it starts `tail -F` and a Python
+# orphan watcher per stream (four processes), and kb's steps report through Dagster's events, not stdout.
+# Its event log: Dagster's files, written through connections kept open (defs/cli_event_log.py). A configured
+# home (its dagster.yaml) is used as it is.
+# Telemetry off as in the repository's dagster.yaml (it appends a line to logs/event.log per step).
+_UNCONFIGURED_HOME = {"compute_logs": {"module": "dagster._core.storage.noop_compute_log_manager",
+                                       "class": "NoOpComputeLogManager"},
+                      "telemetry": {"enabled": False}}
+
+
+def _cli_instance(dg):
+    home = os.environ.get("DAGSTER_HOME")
+    if not home:
+        return dg.DagsterInstance.ephemeral()
+    if os.path.exists(os.path.join(os.path.expanduser(home), "dagster.yaml")):
+        return dg.DagsterInstance.get()          # the user's instance, as configured
+    home = os.path.expanduser(home)
+    events = {"event_log_storage": {"module": "kb_assets.defs.cli_event_log", "class": "HeldSqliteEventLogStorage",
+                                    "config": {"base_dir": os.path.join(home, "history", "runs", "")}}}
+    return dg.DagsterInstance.local_temp(tempdir=home, overrides={**_UNCONFIGURED_HOME, **events})
+
+
 class _DagsterJob:
     """The `kb_index` job of the definitions, run in-process; built on the first source that needs a run."""
 
     def __init__(self, url: str):
         self._url = url
         self._job = None
+
+    def close(self) -> None:
+        """Let the instance close its storages (sqlite: the runs' WAL checkpointed, not left beside the files)."""
+        instance, self._instance = getattr(self, "_instance", None), None
+        if instance is not None:
+            try:
+                instance.dispose()
+            except Exception:    # closing is best effort: the runs are committed already
+                pass
 
     def execute(self, key: str):
         from kb_assets.pipeline import cancel
@@ -237,8 +274,7 @@ class _DagsterJob:
             # Two first runs on one fresh $DAGSTER_HOME raced on its sqlite schema (alembic "more than one
             # head"): the instance is opened under a lock of our database.
             with source_lock(self._url, ":dagster-instance", check=cancel.check):   # ":" is no source key
-                self._instance = (dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME")
-                                  else dg.DagsterInstance.ephemeral())
+                self._instance = _cli_instance(dg)
         return self._job.execute_in_process(partition_key=key, instance=self._instance, raise_on_error=False,
                                             run_config={"loggers": {"console": {"config": {"log_level": "ERROR"}}}})
 
@@ -569,7 +605,12 @@ def main(argv: list[str] | None = None) -> int:
 
         linger.enable()   # the embedded database outlives this call for KB_DB_LINGER s (store/linger.py)
     try:
-        return args.fn(args) or 0
+        rc = args.fn(args) or 0
+        if args.verb == "index" and "dagster" in sys.modules and os.path.basename(sys.argv[0]) == "kb":
+            from kb_assets.index_run import exit_without_teardown
+
+            exit_without_teardown(rc)    # the console script's process ends here (main() called in-process returns)
+        return rc
     except ConfigError as exc:
         print(f"kb: {exc}", file=sys.stderr)
         return EXIT_CONFIG

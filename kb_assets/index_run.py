@@ -225,3 +225,22 @@ def own_figures(rows: list[dict]) -> list[dict]:
     for r in rows:
         r["last_run"] = captured_run(r["source"])
     return rows
+
+
+def exit_without_teardown(code: int) -> None:
+    """End a finished `kb index` console process that ran Dagster without the interpreter's teardown: freeing
+    Dagster's, SQLAlchemy's and alembic's modules object by object costs ~0.6 s CPU per process here (measured
+    with `import dagster` alone: 1.5 vs 0.9 s user). Everything a normal exit does for us still happens:
+    the atexit handlers (the embedded server's handles, logging's flush, plug-ins' own) run, and the streams
+    are flushed. Not taken while a non-daemon thread still runs (a normal exit waits for it)."""
+    import atexit
+
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        return
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)

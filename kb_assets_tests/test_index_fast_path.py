@@ -152,9 +152,8 @@ def test_unchanged_sources_are_not_run_and_every_change_is(tmp_path, db_url):
     assert _ran(out) == {"notes": False, "adrs": False, "wt": False} and not dagster
 
 
-def test_racy_listing_and_pending_work_are_never_recorded(tmp_path, db_url):
-    """A file modified within RACY_SECONDS of the fingerprint, or a source with work left (a document not
-    chunked), is not recorded: the next kb index runs it."""
+def test_pending_work_is_never_recorded(tmp_path, db_url):
+    """A source with work left (a document not chunked) is not recorded: the next kb index runs it."""
     from kb_assets.config import load_config
     from kb_assets.pipeline import source_state
     from kb_assets.pipeline.documents import sync_documents
@@ -169,14 +168,12 @@ def test_racy_listing_and_pending_work_are_never_recorded(tmp_path, db_url):
                                             "include": ["*.md"]}]}))
     loaded = load_config(str(cfg))
     source = loaded.source("notes")
-    racy = source_state.source_fingerprint(loaded, source)
-    assert racy.fingerprint and not racy.trusted          # just written
+    fresh = source_state.source_fingerprint(loaded, source)
     _age(notes / "a.md")
     state = source_state.source_fingerprint(loaded, source)
-    assert state.trusted and state.fingerprint != racy.fingerprint   # the mtime is part of the listing
+    assert state.fingerprint and state.fingerprint != fresh.fingerprint   # the mtime is part of the listing
     with connect(open_database(loaded)) as conn:
         assert sync_documents(conn, loaded, source).new == 1     # stored, not chunked yet
-        assert source_state.record_if_complete(conn, racy).startswith("a listed file was modified")
         assert source_state.record_if_complete(conn, state) == "1 documents not chunked"
         assert source_state.stored_fingerprint(conn, "notes") is None
     out, dagster, _ = _kb_index(cfg)

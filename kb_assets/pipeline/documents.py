@@ -96,7 +96,7 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
     # signatures.
     from kb_assets.sources.roots import TooManyFiles, check_root
 
-    from kb_assets.pipeline.source_state import forget
+    from kb_assets.pipeline.source_state import forget, racy_sig, take_listing
 
     forget(conn, source.key)     # until this run completes, `kb index` must not take the source for unchanged
     check_root(root, source, cfg.config_path)     # before anything is listed or stored
@@ -118,7 +118,8 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
         listing = discovery.list_paths(root, source, touched)
     else:
         try:
-            listing = discovery.list_source(root, source)
+            # `kb index` took this listing for the fingerprint moments ago: the folder is listed once
+            listing = take_listing(cfg, source) or discovery.list_source(root, source)
         except TooManyFiles as exc:
             raise exc.with_config_path(cfg.config_path) from None
         if prev and source.content == "HEAD" and listing.commit:
@@ -169,6 +170,8 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
         for entry in to_read:
             cancel.check()     # between files: the batches handed over are still written (close below)
             stored_name = name(entry.path)
+            # read within its mtime's tick: the signature proves nothing, store it smudged (source_state)
+            sig = racy_sig(entry.sig, time.time_ns())
             try:
                 result = read_entry(root, entry, source, blobs=blobs)
                 if not isinstance(result, Skip):
@@ -181,7 +184,7 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
             if isinstance(result, Skip):
                 result = Skip(stored_name, result.reason, _safe_detail(result.detail))
                 stats.skipped += 1
-                batch = writer.add(batch, _skip_row(result, entry.sig))
+                batch = writer.add(batch, _skip_row(result, sig))
                 batch.gone.extend(p for p in had if p != result.path)
             else:
                 new_paths = set()
@@ -195,7 +198,7 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
                         stats.changed += 1
                     else:
                         stats.unchanged += 1
-                    batch = writer.add(batch, _doc_row(doc, content_hash, entry.sig))
+                    batch = writer.add(batch, _doc_row(doc, content_hash, sig))
                 removed = [p for p in had if p not in new_paths]
                 batch.gone.extend(removed)
                 stats.deleted += len(removed)

@@ -16,7 +16,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-_SIG_STAT = re.compile(r"^(\d+):(\d+)$")
+_SIG_STAT = re.compile(r"^(?:racy:)?(\d+):(\d+)$")   # racy: see pipeline/source_state.py
 _HEX40 = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 
 _diff_cache: dict[tuple[str, str, str], frozenset[str] | None] = {}
