@@ -112,17 +112,22 @@ def test_null_level_measured_once_per_index_and_used_by_recall(real_corpus, conn
     _null_by_conn.clear()
     n = conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
     level = null_similarity(conn, c.table, emb, n)
-    assert emb.calls == len(PROBE_QUERIES)
+    assert emb.calls == 0                         # the packaged model's probe vectors are shipped
     assert -1.0 < level < 0.5                     # everyday questions are not close to ops decisions
-    assert null_similarity(conn, c.table, emb, n) == level and emb.calls == len(PROBE_QUERIES)   # cached
-    null_similarity(conn, c.table, emb, n + 1)    # the index changed: measured again
-    assert emb.calls == 2 * len(PROBE_QUERIES)
+    assert null_similarity(conn, c.table, emb, n) == level and emb.calls == 0   # cached
+
+    class OtherProbes(RealEmbedder):              # shipped vectors of another model: the probes are embedded
+        dimension = 383
+    other = OtherProbes()
+    assert null_similarity(conn, c.table, other, n + 1) == pytest.approx(level, abs=1e-4)   # the index changed
+    assert other.calls == len(PROBE_QUERIES)
 
     class Uncalibrated(RealEmbedder):
         model = "some-other-model"
     assert null_similarity(conn, c.table, Uncalibrated(), n) is None
 
     # recall: an on-topic question still finds its decision; the probes are not embedded again
+    null_similarity(conn, c.table, emb, n + 1)
     before = emb.calls
     r = recall("why do we restart celery workers every night", conn=conn, embedder=emb)
     assert [x.id for x in r.documents][:1] == ["kb:decisions/adr/0001-celery.md"]
@@ -131,3 +136,20 @@ def test_null_level_measured_once_per_index_and_used_by_recall(real_corpus, conn
     assert recall("how to bake sourdough bread at home", conn=conn, embedder=emb).documents == []
     assert len(recall("how to bake sourdough bread at home", conn=conn, embedder=emb,
                       tuning=Tuning(gate=False)).documents) == len(OPS)
+
+
+def test_shipped_probe_vectors_are_the_packaged_models_query_vectors():
+    """bench/write_probe_vectors.py wrote them; a changed probe list or packaged model must re-write them."""
+    import numpy as np
+    from kb_assets.embedding.local import LocalEmbedder
+    from kb_assets.query.gate import PROBE_VECTORS_FILE, _probes_digest
+
+    emb = LocalEmbedder()
+    with np.load(PROBE_VECTORS_FILE) as f:
+        assert str(f["model"]) == emb.model and str(f["probes"]) == _probes_digest(), \
+            "re-run bench/write_probe_vectors.py"
+        shipped = f["vectors"]
+    now = np.asarray([emb.embed_query(p) for p in PROBE_QUERIES], dtype=np.float32)
+    assert shipped.shape == now.shape
+    cos = (shipped * now).sum(1) / np.linalg.norm(shipped, axis=1) / np.linalg.norm(now, axis=1)
+    assert cos.min() > 0.9999, cos.min()

@@ -21,8 +21,10 @@ with a calibrated floor (MIN_SIMILARITY) only, where the margins were measured.
 """
 from __future__ import annotations
 
+import hashlib
 import threading
 import weakref
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -61,11 +63,47 @@ _null_by_conn: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # the
 _null_lock = threading.Lock()
 
 
+# The probes' query vectors for the packaged model, shipped beside this file (written by
+# `python bench/write_probe_vectors.py`; kb_assets_tests/test_gate.py checks them against the
+# model): a process's first gated query then makes no embedding call, only the nearest-neighbour lookups.
+PROBE_VECTORS_FILE = Path(__file__).with_name("probe_vectors.npz")
+
+
+def _probes_digest() -> str:
+    return hashlib.sha256("\n".join(PROBE_QUERIES).encode()).hexdigest()[:16]
+
+
+def probe_vectors(embedder) -> list:
+    """PROBE_QUERIES' query vectors: the shipped ones when they are of this model and these probes, else
+    embedded now (one query embedding each)."""
+    import numpy as np     # here: `import kb_assets.query` stays light
+
+    model, dim = getattr(embedder, "model", ""), getattr(embedder, "dimension", None)
+    try:
+        with np.load(PROBE_VECTORS_FILE) as f:
+            shipped = f["vectors"] if (str(f["model"]) == model and str(f["probes"]) == _probes_digest()
+                                       and f["vectors"].shape == (len(PROBE_QUERIES), dim)) else None
+    except (OSError, KeyError, ValueError):
+        shipped = None
+    if shipped is not None:
+        return list(shipped)
+    return [embedder.embed_query(p) for p in PROBE_QUERIES]
+
+
+def write_probe_vectors(embedder, path: Path = PROBE_VECTORS_FILE) -> Path:
+    import numpy as np
+
+    vectors = np.asarray([embedder.embed_query(p) for p in PROBE_QUERIES], dtype=np.float32)
+    np.savez(path, vectors=vectors, model=np.array(embedder.model), probes=np.array(_probes_digest()))
+    return path
+
+
 def null_similarity(conn, table: str, embedder, n_chunks: int) -> float | None:
     """The index's null level (see the module text), or None for a model without a calibrated floor.
 
     Cached per database, vector table, chunk count and model: the first gated query of a process pays
-    len(PROBE_QUERIES) query embeddings and nearest-neighbour lookups (docs/BENCHMARKS.md)."""
+    len(PROBE_QUERIES) nearest-neighbour lookups (and, for a model without shipped probe vectors, as many
+    query embeddings; docs/BENCHMARKS.md)."""
     model = getattr(embedder, "model", "")
     if embedder is None or model not in MIN_SIMILARITY:
         return None
@@ -80,7 +118,7 @@ def null_similarity(conn, table: str, embedder, n_chunks: int) -> float | None:
             return _null_cache[key]
     from psycopg import sql
 
-    vectors = ["[" + ",".join(repr(float(x)) for x in embedder.embed_query(p)) + "]" for p in PROBE_QUERIES]
+    vectors = ["[" + ",".join(repr(float(x)) for x in v) + "]" for v in probe_vectors(embedder)]
     q = sql.SQL("SELECT 1 - (embedding <=> %s::vector) FROM {t} ORDER BY embedding <=> %s::vector LIMIT 1"
                 ).format(t=sql.Identifier(table))
     best = []
@@ -149,3 +187,4 @@ def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings, tu
     return [h for h in ranked
             if (vec_on and (h.vec or h.d_sim is not None) and h.similarity >= t_sim)
             or (kw_on and h.kw and (h.coverage >= t_cov or (h.k_rank is not None and h.k_rank <= k_top)))]
+
