@@ -20,7 +20,6 @@ STOPPED_BESIDE = "the stage running beside it failed"
 @dataclass
 class Outcome:
     value: Any = None
-    error: BaseException | None = None
     done: bool = False
 
 
@@ -42,7 +41,6 @@ def run_side_by_side(here: Callable[[], Any], beside: Callable[[], Any], *,
                 out.value = fn()
                 out.done = True
             except Exception as exc:   # noqa: BLE001 - handed to the caller, which raises it
-                out.error = exc
                 with order_lock:
                     errors.append(exc)
                 stop.set()

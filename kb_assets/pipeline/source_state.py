@@ -196,7 +196,7 @@ def settle_racy(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig) -
         return None
     from kb_assets.models import Skip
     from kb_assets.pipeline.documents import _file_of, _storable
-    from kb_assets.sources.discovery import FileEntry
+    from kb_assets.sources.discovery import FileEntry, stat_sig
     from kb_assets.sources.readers import read_entry
 
     by_file: dict[str, list] = {}
@@ -217,7 +217,7 @@ def settle_racy(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig) -
             st = os.stat(root / file)
         except OSError:
             return f"{file} is gone"
-        if f"{st.st_size}:{st.st_mtime_ns}" != sig:
+        if stat_sig(st) != sig:
             return f"{file} changed since it was read"
         try:
             result = read_entry(root, FileEntry(file, sig), source)

@@ -78,6 +78,11 @@ class GitChanges:
     renamed: list[tuple[str, str]] = field(default_factory=list)   # (old path, new path)
 
 
+def stat_sig(st: os.stat_result) -> str:
+    """A working-tree file's signature "size:mtime_ns" (a git-tracked file at a commit has its blob id)."""
+    return f"{st.st_size}:{st.st_mtime_ns}"
+
+
 def head_commit(root: Path) -> str | None:
     """The commit HEAD points at, or None (not a git repository, or no commit yet)."""
     return _head_commit(Path(root))
@@ -210,7 +215,7 @@ class _Collector:
             return
         if not self.size_ok(path, st.st_size, kind):
             return
-        self.add(FileEntry(path, f"{st.st_size}:{st.st_mtime_ns}"))
+        self.add(FileEntry(path, stat_sig(st)))
 
     def listing(self, commit: str | None) -> Listing:
         files = sorted(self.files, key=lambda e: e.path)
