@@ -102,13 +102,14 @@ def _index(args, run) -> int:
     capture_runs()
     guard.clear()
 
+    from kb_assets.pipeline import direct_run, source_state
     from kb_assets.pipeline import progress as progress_mod
-    from kb_assets.pipeline import source_state
 
     job = _DagsterJob(url)     # Dagster is imported only when a source has something to do
     console = _console(stderr=True)
     failures = []
     skipped_runs: set[str] = set()   # sources reported unchanged without a run
+    runners: dict[str, str] = {}      # source -> "dagster" | "direct" (a small change, without a Dagster run)
     config_failed = False      # a configuration refusal inside a run (max_files...): exit 2, as before a run
     started = time.perf_counter()
     use_bars = sys.stderr.isatty() and not args.quiet
@@ -145,23 +146,34 @@ def _index(args, run) -> int:
                         run.done.append(key)
                         run.current = None
                         continue
+                    why_not = "--dagster or --force" if args.dagster or args.force else None
+                    if why_not is None:
+                        with _connect(cfg) as conn:
+                            why_not = direct_run.why_not_direct(conn, cfg, cfg.source(key), state)
+                    runners[key] = "dagster" if why_not else "direct"
                     if not use_bars and not args.quiet:
-                        console.print(f"indexing {key} …")
+                        console.print(f"indexing {key} …" + ("" if why_not else " (a small change: without a "
+                                                                                "Dagster run, reported to it after)"))
                     source_state.offer_listing(state)   # the documents stage lists nothing again
                     try:
-                        result = job.execute(key)
+                        if why_not:
+                            result = job.execute(key)
+                            ok, error = result.success, None if result.success else _first_error(result)
+                            refused = not ok and _failed_on_config(result)
+                        else:
+                            ok, error, refused = _direct(cfg, key, run)
                     finally:
                         source_state.offer_listing(None)
-                    if result.success and not run.stopping and guard.last_unreachable() is None:
+                    if ok and not run.stopping and guard.last_unreachable() is None:
                         with _connect(cfg) as conn:
                             source_state.record_if_complete(conn, state)   # what the next run compares
                 if run.stopping:
                     break
                 if guard.last_unreachable() is not None:
                     raise guard.last_unreachable()   # one line, exit 4 (main)
-                if not result.success:
-                    failures.append((key, _first_error(result)))
-                    config_failed = config_failed or _failed_on_config(result)
+                if not ok:
+                    failures.append((key, error))
+                    config_failed = config_failed or refused
                 run.done.append(key)
                 run.current = None
         finally:
@@ -177,6 +189,7 @@ def _index(args, run) -> int:
         rows = index_run.own_figures(source_status(conn, keys, config=cfg))   # this run's figures only
         for r in rows:
             r["skipped_run"] = r["source"] in skipped_runs
+            r["runner"] = runners.get(r["source"])
             if r["skipped_run"]:
                 r["last_run"] = _unchanged_figures(r)
         from kb_assets.guards import glob_warnings
@@ -198,6 +211,30 @@ def _index(args, run) -> int:
                                                       "kb_assets.sources.roots.TooManyFiles: ")) else err
         console.print(f"[red]kb index: source {key!r} failed:[/red] {escape(err)}", soft_wrap=True)  # one line
     return EXIT_CONFIG if config_failed else 1 if failures else 0
+
+
+def _direct(cfg, key: str, run) -> tuple[bool, str | None, bool]:
+    """Index a small change of the source without a Dagster run (pipeline/direct_run.py) and store the run
+    for the `kb_direct_runs` sensor. (ok, error line, a configuration refusal)."""
+    from kb_assets.config import ConfigError
+    from kb_assets.pipeline import cancel, direct_run, guard
+    from kb_assets.pipeline.progress import current
+    from kb_assets.sources.roots import config_error_names
+
+    try:
+        done = direct_run.run_source(cfg, key, progress=current())
+    except cancel.Cancelled:
+        if run.stopping:
+            return False, None, False        # the caller stops with its one line
+        raise
+    except Exception as exc:                 # noqa: BLE001 - one line, as a failed Dagster run gives
+        if guard.last_unreachable() is not None:
+            return False, None, False        # exit 4 (the caller raises it)
+        refused = isinstance(exc, ConfigError) or type(exc).__name__ in config_error_names()
+        return False, str(exc) if refused else f"{type(exc).__name__}: {exc}", refused
+    with _connect(cfg) as conn:
+        direct_run.record(conn, done)
+    return True, None, False
 
 
 def _unchanged_figures(row: dict) -> dict:
@@ -312,6 +349,7 @@ def _run_summary(row: dict) -> dict:
         "skip_reasons": row["skip_reasons"], "indexed_commit": row["indexed_commit"],
         "this_run": {stage: last.get(stage, {}) for stage in ("documents", "chunks", "embeddings", "signposts")},
         "skipped_run": bool(row.get("skipped_run")),   # nothing changed since the last complete run: no run
+        "runner": row.get("runner"),   # "dagster" (the job) | "direct" (a small change, no Dagster run) | null
     }
 
 
@@ -524,7 +562,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(fn=fn)
         return sp
 
-    sp = add("index", cmd_index, "index the configured sources (runs the Dagster assets in-process)")
+    sp = add("index", cmd_index, "index the configured sources (the Dagster assets in-process; a small change "
+                                 "directly, reported to Dagster after)")
     sp.add_argument("--source", action="append", help="only this source key (repeatable)")
     sp.add_argument("--json", action="store_true")
     sp.add_argument("--quiet", action="store_true")
@@ -532,6 +571,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="if another run is indexing a source, exit 3 naming it instead of waiting")
     sp.add_argument("--force", action="store_true",
                     help="run every source, also those unchanged since their last complete run")
+    sp.add_argument("--dagster", action="store_true",
+                    help="run each source that has work through the Dagster job, also a small change "
+                         "(which kb index otherwise indexes directly and reports to Dagster afterwards)")
 
     sp = add("status", cmd_status, "per-source counts, skips with reasons, freshness")
     sp.add_argument("--json", action="store_true")

@@ -38,5 +38,5 @@ def defs() -> dg.Definitions:
         asset_checks=dg.load_asset_checks_from_modules([checks]),
         jobs=[assets.kb_job],
         schedules=[automation.nightly_index],
-        sensors=[automation.git_commit_sensor, automation.source_listing_sensor],
+        sensors=[automation.git_commit_sensor, automation.source_listing_sensor, automation.kb_direct_runs],
         resources={"kb": KbResource()}, executor=_executor())

@@ -45,6 +45,11 @@ def _ran(out: dict) -> dict[str, bool]:
     return {s["source"]: not s["skipped_run"] for s in out["sources"]}
 
 
+def _runners(out: dict) -> dict[str, str | None]:
+    """source -> "dagster" (the job) | "direct" (a small change without a Dagster run) | None (not run)."""
+    return {s["source"]: s["runner"] for s in out["sources"]}
+
+
 def _write_config(cfg: Path, tmp: Path, db_url: str, notes_include: list[str], **notes_extra) -> None:
     cfg.write_text(json.dumps({
         "data_dir": str(tmp / "data"), "database_url": db_url,
@@ -96,15 +101,17 @@ def test_unchanged_sources_are_not_run_and_every_change_is(tmp_path, db_url):
     # a modified file of a folder source: that source runs, the others do not
     (notes / "a.md").write_text(_doc("Note a", "note a keeps streams for ninety days, revised"))
     _age(notes / "a.md", seconds=60)
+    # (a small change of a source indexed completely before: no Dagster run, not even its import)
     out, dagster, _ = _kb_index(cfg)
-    assert _ran(out) == {"notes": True, "adrs": False, "wt": False} and dagster
+    assert _ran(out) == {"notes": True, "adrs": False, "wt": False} and not dagster
+    assert _runners(out) == {"notes": "direct", "adrs": None, "wt": None}
     assert {s["source"]: s for s in out["sources"]}["notes"]["this_run"]["documents"]["changed"] == 1
 
     # a new untracked file in a working-tree git source
     (wt / "new.md").write_text(_doc("New page", "the new page covers replays"))
     _age(wt / "new.md")
     out, _, _ = _kb_index(cfg)
-    assert _ran(out) == {"notes": False, "adrs": False, "wt": True}
+    assert _ran(out) == {"notes": False, "adrs": False, "wt": True} and _runners(out)["wt"] == "direct"
     assert {s["source"]: s for s in out["sources"]}["wt"]["this_run"]["documents"]["new"] == 1
 
     # an untracked file in a source that indexes commits changes nothing; a new commit does
@@ -114,18 +121,20 @@ def test_unchanged_sources_are_not_run_and_every_change_is(tmp_path, db_url):
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "second")
     out, _, _ = _kb_index(cfg)
-    assert _ran(out) == {"notes": False, "adrs": True, "wt": False}
+    assert _ran(out) == {"notes": False, "adrs": True, "wt": False} and _runners(out)["adrs"] == "direct"
     assert {s["source"]: s for s in out["sources"]}["adrs"]["this_run"]["documents"]["new"] == 1
 
     # a changed include glob
     _write_config(cfg, tmp_path, db_url, ["*.md", "*.txt"])
-    out, _, _ = _kb_index(cfg)
+    out, dagster, _ = _kb_index(cfg)
     assert _ran(out) == {"notes": True, "adrs": False, "wt": False}
+    assert _runners(out)["notes"] == "dagster" and dagster     # a changed setting: the whole job
     assert {s["source"]: s for s in out["sources"]}["notes"]["documents"] == 3
 
     # --force runs everything
     out, _, _ = _kb_index(cfg, "--force")
     assert _ran(out) == {"notes": True, "adrs": True, "wt": True}
+    assert set(_runners(out).values()) == {"dagster"}
     out, _, _ = _kb_index(cfg, "--source", "wt")
     assert _ran(out) == {"wt": False}
 
@@ -140,6 +149,7 @@ def test_unchanged_sources_are_not_run_and_every_change_is(tmp_path, db_url):
         sync_documents(conn, loaded, loaded.source("notes"))
     out, _, _ = _kb_index(cfg)
     assert _ran(out) == {"notes": True, "adrs": False, "wt": False}
+    assert _runners(out)["notes"] == "dagster"      # no complete run recorded: the whole job
 
     # a stage that failed (the listing is refused past max_files: exit 2): with the settings put back as
     # they were recorded, the source still runs, since that failed run started
@@ -177,7 +187,7 @@ def test_pending_work_is_never_recorded(tmp_path, db_url):
         assert source_state.record_if_complete(conn, state) == "1 documents not chunked"
         assert source_state.stored_fingerprint(conn, "notes") is None
     out, dagster, _ = _kb_index(cfg)
-    assert _ran(out) == {"notes": True} and dagster
+    assert _ran(out) == {"notes": True} and dagster and _runners(out) == {"notes": "dagster"}
     out, dagster, _ = _kb_index(cfg)
     assert _ran(out) == {"notes": False} and not dagster
     # deleting the projections' tier files makes the next run rebuild them

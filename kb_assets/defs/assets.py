@@ -6,12 +6,8 @@ import dagster as dg
 
 from kb_assets.defs.partitions import sources_partitions
 from kb_assets.defs.resources import KbResource
-from kb_assets.pipeline import build_search_index, chunk_source, run_embeddings_stage, sync_documents
-from kb_assets.pipeline.chunks import first_load_ahead
-from kb_assets.pipeline.progress import steps_share_process
-from kb_assets.pipeline.search_index import source_changed_in_last_run
+from kb_assets.pipeline import stages
 from kb_assets.pipeline.progress import current as current_progress
-from kb_assets.store.status import record_run
 
 GROUP = "kb"
 
@@ -35,16 +31,7 @@ def _table(rows: list[dict], columns: list[str]) -> dg.MetadataValue:
 )
 def kb_documents(context: dg.AssetExecutionContext, kb: KbResource) -> dg.MaterializeResult:
     source = kb.config.source(context.partition_key)
-
-    def stage(conn):
-        stats = sync_documents(conn, kb.config, source, current_progress())
-        record_run(conn, source.key, "documents", {"documents": stats.as_metadata()})
-        skipped = conn.execute(
-            "SELECT path, skip_reason, skip_detail FROM documents WHERE source_key = %s AND status = 'skipped'"
-            " ORDER BY updated_at DESC LIMIT 50", (source.key,)).fetchall()
-        return stats, skipped
-
-    stats, skipped = kb.run_stage(source.key, stage)
+    stats, skipped = stages.documents(kb.config, source.key, kb.run_stage, current_progress())
     context.log.info(f"{source.key}: {stats.new} new, {stats.changed} changed, {stats.unchanged} unchanged, "
                      f"{stats.deleted} deleted, {stats.skipped} skipped")
     warnings = []
@@ -86,19 +73,8 @@ def kb_documents(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Materi
 )
 def kb_chunks(context: dg.AssetExecutionContext, kb: KbResource) -> dg.MaterializeResult:
     key = context.partition_key
-    embedder = kb.embedder()  # only its tokenizer is used here: the model is not loaded
-
-    def stage(conn):
-        # the model loads while this stage cuts: the embedding stage needs it next, in this process when the
-        # steps run in one (`kb index`: execute_in_process; a step-per-process run would load it for nothing)
-        if steps_share_process() and hasattr(embedder, "warm_up") and first_load_ahead(conn, key):
-            embedder.warm_up()
-        stats = chunk_source(conn, key, max_tokens=embedder.max_tokens, count_tokens=embedder.count_tokens,
-                             progress=current_progress())
-        record_run(conn, key, "chunks", {"chunks": stats.as_metadata()})
-        return stats
-
-    stats = kb.run_stage(key, stage)
+    embedder = kb.embedder()  # only its tokenizer is used here: the model is not loaded (or warms up)
+    stats = stages.chunks(key, embedder, kb.run_stage, current_progress())
     return dg.MaterializeResult(metadata={
         "documents_chunked": stats.documents_chunked, "chunks_written": stats.chunks_written,
         "chunks_removed": stats.chunks_removed, "chunks_total": stats.chunks_total, "errors": stats.errors,
@@ -133,23 +109,8 @@ _SIGNPOSTER_KIND, _EMBEDDER_KIND = _configured_kinds()
 _STEP_POOL = "llm_api" if _SIGNPOSTER_KIND == "gemini" and _EMBEDDER_KIND != "voyage" else "embedding_api"
 
 
-def _trace_as(asset_name: str, stage):
-    """The stage's name in the stage trace (KB_STAGE_TRACE, bench/faults.py), which guard takes from the
-    function's qualified name: the asset's, as when each asset had its own function."""
-    stage.__qualname__ = f"{asset_name}.<locals>.stage"
-    return stage
-
-
 def _materialize_embeddings(kb: KbResource, key: str) -> dg.MaterializeResult:
-    embedder = kb.embedder()
-
-    def stage(conn):
-        stats = run_embeddings_stage(conn, embedder, key, batch_rows=kb.config.embed_batch_rows,
-                                     progress=current_progress())
-        record_run(conn, key, "embeddings", {"embeddings": stats.as_metadata()})
-        return stats
-
-    stats = kb.run_stage(key, _trace_as("kb_embeddings", stage))
+    stats = stages.embeddings(kb.config, key, kb.embedder(), kb.run_stage, current_progress())
     cost = 0.0
     if kb.config.embedder == "voyage":
         cost = stats.tokens / 1e6 * kb.config.voyage.price_per_million_tokens
@@ -163,24 +124,14 @@ def _materialize_embeddings(kb: KbResource, key: str) -> dg.MaterializeResult:
 
 def _materialize_signposts(kb: KbResource, key: str) -> dg.MaterializeResult:
     from kb_assets.signposts.base import SignpostAuthError, SignpostQuotaError
-    from kb_assets.pipeline.signposts import run_signposts
 
     signposter = kb.signposter()
     started = time.perf_counter()
-
-    def stage(conn):
-        try:
-            stats = run_signposts(conn, key, signposter,
-                                  max_failures=kb.config.gemini.max_failures_before_parking,
-                                  concurrency=kb.config.gemini.concurrency if kb.config.signposter == "gemini" else 1)
-        except (SignpostAuthError, SignpostQuotaError) as exc:
-            # Retrying cannot fix a rejected key or an exhausted daily quota: fail once, clearly.
-            raise dg.Failure(description=str(exc), allow_retries=False) from exc
-        meta = stats.as_metadata() if hasattr(stats, "as_metadata") else dict(vars(stats))
-        record_run(conn, key, "signposts", {"signposts": meta})
-        return meta
-
-    meta = kb.run_stage(key, _trace_as("kb_signposts", stage))
+    try:
+        meta = stages.signposts(kb.config, key, signposter, kb.run_stage)
+    except (SignpostAuthError, SignpostQuotaError) as exc:
+        # Retrying cannot fix a rejected key or an exhausted daily quota: fail once, clearly.
+        raise dg.Failure(description=str(exc), allow_retries=False) from exc
     meta = {k: v for k, v in meta.items() if isinstance(v, (int, float, str, bool))}
     meta.setdefault("seconds", round(time.perf_counter() - started, 3))
     meta["generator"] = signposter.generator
@@ -240,16 +191,7 @@ def kb_embeddings_and_signposts(context: dg.AssetExecutionContext, kb: KbResourc
 def kb_search_index(context: dg.AssetExecutionContext, kb: KbResource) -> dg.MaterializeResult:
     key = context.partition_key
     embedder = kb.embedder()   # model and dimension only: nothing is loaded
-
-    def stage(conn):
-        stats = build_search_index(conn, embedder.model, embedder.dimension,
-                                   index_changed=source_changed_in_last_run(conn, key),
-                                   progress=current_progress())
-        record_run(conn, key, "search_index", {"search_index": {
-            k: v for k, v in stats.as_metadata().items() if k != "query_stats"}})
-        return stats
-
-    stats = kb.run_stage(key, stage)
+    stats = stages.search_index(key, embedder, kb.run_stage, current_progress())
     q = stats.query_stats
     return dg.MaterializeResult(metadata={
         "model": stats.model, "dimension": stats.dimension, "space_missing": stats.space_missing,
@@ -271,16 +213,8 @@ def kb_search_index(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Mat
                  "resolved first. Deterministic; unchanged files are not rewritten."),
 )
 def kb_projections(context: dg.AssetExecutionContext, kb: KbResource) -> dg.MaterializeResult:
-    from kb_assets.pipeline.projections import build_projections
-
-    def stage(conn):
-        stats = build_projections(conn, kb.config)
-        record_run(conn, context.partition_key, "projections", {"projections": {
-            k: v for k, v in stats.as_metadata().items() if k not in ("written", "removed")}})
-        return stats
-
     # every source's projections at once: no source lock; re-run on a fresh connection like the other stages
-    stats = kb.run_stage(None, stage, lock=False)
+    stats = stages.projections(kb.config, context.partition_key, kb.run_stage)
     rel = stats.relations
     context.log.info(f"projections: {len(stats.written)} written, {stats.unchanged} unchanged, "
                      f"{len(stats.removed)} removed in {stats.directory}")

@@ -110,3 +110,49 @@ def source_listing_sensor(context: dg.SensorEvaluationContext):
     if not requests:
         return dg.SensorResult(skip_reason=dg.SkipReason("no listing changed"), cursor=cursor)
     return dg.SensorResult(run_requests=requests, cursor=cursor)
+
+
+@dg.sensor(minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
+           description=("Report `kb index`'s direct runs (a small change indexed without a Dagster run, "
+                        "pipeline/direct_run.py) to Dagster: each as its assets' materializations and its checks' "
+                        "evaluations, on the source's partition. Launches nothing. Cursor: the last run's id."))
+def kb_direct_runs(context: dg.SensorEvaluationContext):
+    from kb_assets.pipeline.direct_run import unreported
+    from kb_assets.store.db import connect, open_database
+
+    after = int(context.cursor or 0)
+    cfg = load_config()
+    try:
+        with connect(open_database(cfg), register=False) as conn:
+            rows = unreported(conn, after)
+    except Exception as exc:   # the database is down: the runs stay stored, reported at a later tick
+        return dg.SensorResult(skip_reason=dg.SkipReason(f"cannot read direct runs: {str(exc).splitlines()[0]}"),
+                               cursor=context.cursor)
+    if not rows:
+        return dg.SensorResult(skip_reason=dg.SkipReason("no direct run to report"), cursor=context.cursor)
+    return dg.SensorResult(asset_events=direct_run_events(rows, set(source_keys())), cursor=str(rows[-1][0]))
+
+
+def direct_run_events(rows, partitions: set[str]) -> list:
+    """The asset materializations and check evaluations of stored direct runs (sources that are no longer
+    partitions are left out: Dagster would refuse their partition)."""
+    from kb_assets.defs.checks import check_metadata
+    from kb_assets.store.checks import CheckOutcome
+
+    events = []
+    for run_id, source, finished_at, assets, checks in rows:
+        if source not in partitions:
+            continue
+        tags = {"kb/runner": "direct", "kb/direct_run": str(run_id)}
+        for asset, meta in assets.items():
+            events.append(dg.AssetMaterialization(
+                asset_key=asset, partition=source, tags=tags,
+                description=f"kb index without a Dagster run (direct run {run_id}, finished {finished_at:%Y-%m-%d %H:%M:%S %Z})",
+                metadata={k: dg.MetadataValue.json(v) if isinstance(v, (dict, list)) else v
+                          for k, v in meta.items() if v is not None}))
+        for c in map(CheckOutcome.from_json, checks):
+            events.append(dg.AssetCheckEvaluation(
+                asset_key=dg.AssetKey(c.asset), check_name=c.name, passed=c.passed, partition=source,
+                description=c.description, metadata=check_metadata(c),
+                severity=dg.AssetCheckSeverity.WARN if c.severity == "warn" else dg.AssetCheckSeverity.ERROR))
+    return events

@@ -1,0 +1,110 @@
+"""A source's stages as one run executes them: each under its source's run lock (through the `run_stage`
+it is given), its figures recorded in `sources.last_run_stats`. The Dagster assets (kb_assets/defs/assets.py)
+call these, and so does `kb index` when it indexes a small change without a Dagster run
+(pipeline/direct_run.py): one body per stage, whoever runs it.
+
+`run_stage(source_key | None, fn(conn), *, lock=True)` is guard.run_stage bound to the config, or the
+Dagster resource's, which turns a stop or a lost database into a Dagster failure.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from kb_assets.pipeline.progress import Progress, null_progress, steps_share_process
+from kb_assets.store.status import record_run
+
+if TYPE_CHECKING:
+    from kb_assets.config import KbConfig
+
+RunStage = Callable[..., Any]
+
+
+def trace_as(asset_name: str, stage):
+    """The stage's name in the stage trace (KB_STAGE_TRACE, bench/faults.py), which guard takes from the
+    function's qualified name: the asset's, whoever runs it."""
+    stage.__qualname__ = f"{asset_name}.<locals>.stage"
+    return stage
+
+
+def documents(cfg: KbConfig, key: str, run_stage: RunStage, progress: Progress = null_progress):
+    """(DocumentStats, the 50 latest skipped files as (path, reason, detail))."""
+    from kb_assets.pipeline.documents import sync_documents
+
+    source = cfg.source(key)
+
+    def stage(conn):
+        stats = sync_documents(conn, cfg, source, progress)
+        record_run(conn, source.key, "documents", {"documents": stats.as_metadata()})
+        skipped = conn.execute(
+            "SELECT path, skip_reason, skip_detail FROM documents WHERE source_key = %s AND status = 'skipped'"
+            " ORDER BY updated_at DESC LIMIT 50", (source.key,)).fetchall()
+        return stats, skipped
+
+    return run_stage(key, trace_as("kb_documents", stage))
+
+
+def chunks(key: str, embedder, run_stage: RunStage, progress: Progress = null_progress):
+    from kb_assets.pipeline.chunks import chunk_source, first_load_ahead
+
+    def stage(conn):
+        # the model loads while this stage cuts: the embedding stage needs it next, in this process when the
+        # steps run in one (`kb index`); a step-per-process run would load it for nothing
+        if steps_share_process() and hasattr(embedder, "warm_up") and first_load_ahead(conn, key):
+            embedder.warm_up()
+        stats = chunk_source(conn, key, max_tokens=embedder.max_tokens, count_tokens=embedder.count_tokens,
+                             progress=progress)
+        record_run(conn, key, "chunks", {"chunks": stats.as_metadata()})
+        return stats
+
+    return run_stage(key, trace_as("kb_chunks", stage))
+
+
+def embeddings(cfg: KbConfig, key: str, embedder, run_stage: RunStage, progress: Progress = null_progress):
+    from kb_assets.pipeline import run_embeddings_stage
+
+    def stage(conn):
+        stats = run_embeddings_stage(conn, embedder, key, batch_rows=cfg.embed_batch_rows, progress=progress)
+        record_run(conn, key, "embeddings", {"embeddings": stats.as_metadata()})
+        return stats
+
+    return run_stage(key, trace_as("kb_embeddings", stage))
+
+
+def signposts(cfg: KbConfig, key: str, signposter, run_stage: RunStage) -> dict:
+    """The signposts stage's figures (raises SignpostAuthError / SignpostQuotaError: no retry can help)."""
+    from kb_assets.pipeline.signposts import run_signposts
+
+    def stage(conn):
+        stats = run_signposts(conn, key, signposter, max_failures=cfg.gemini.max_failures_before_parking,
+                              concurrency=cfg.gemini.concurrency if cfg.signposter == "gemini" else 1)
+        meta = stats.as_metadata() if hasattr(stats, "as_metadata") else dict(vars(stats))
+        record_run(conn, key, "signposts", {"signposts": meta})
+        return meta
+
+    return run_stage(key, trace_as("kb_signposts", stage))
+
+
+def search_index(key: str, embedder, run_stage: RunStage, progress: Progress = null_progress):
+    from kb_assets.pipeline.search_index import build_search_index, source_changed_in_last_run
+
+    def stage(conn):
+        stats = build_search_index(conn, embedder.model, embedder.dimension,
+                                   index_changed=source_changed_in_last_run(conn, key), progress=progress)
+        record_run(conn, key, "search_index", {"search_index": {
+            k: v for k, v in stats.as_metadata().items() if k != "query_stats"}})
+        return stats
+
+    return run_stage(key, trace_as("kb_search_index", stage))
+
+
+def projections(cfg: KbConfig, key: str, run_stage: RunStage):
+    """Every source's tier files at once (no source lock); the figures are recorded under `key`."""
+    from kb_assets.pipeline.projections import build_projections
+
+    def stage(conn):
+        stats = build_projections(conn, cfg)
+        record_run(conn, key, "projections", {"projections": {
+            k: v for k, v in stats.as_metadata().items() if k not in ("written", "removed")}})
+        return stats
+
+    return run_stage(None, trace_as("kb_projections", stage), lock=False)
