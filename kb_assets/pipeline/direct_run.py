@@ -128,18 +128,27 @@ def run_source(cfg: KbConfig, key: str, *, progress: Progress = null_progress) -
         raise error
     search = stages.search_index(key, embedder, run_stage, progress)
     out.assets["kb_search_index"] = {k: v for k, v in search.as_metadata().items() if k != "query_stats"}
-    proj = stages.projections(cfg, key, run_stage)
-    out.assets["kb_projections"] = {k: v for k, v in proj.as_metadata().items() if k not in ("written", "removed")}
 
     source = [cfg.source(key)]
 
-    def read_checks(conn) -> list[CheckOutcome]:
-        return [checks.every_chunk_embedded(conn, embedder.model, embedder.dimension), checks.no_orphans(conn),
-                checks.signpost_failure_rate(conn), checks.indexed_commit_matches_tip(conn, cfg, source),
-                checks.vector_keyword_parity(conn, source), checks.tags_in_vocabulary(conn, cfg)]
+    def run_checks() -> list[CheckOutcome]:
+        def read(conn) -> list[CheckOutcome]:
+            return [checks.every_chunk_embedded(conn, embedder.model, embedder.dimension), checks.no_orphans(conn),
+                    checks.signpost_failure_rate(conn), checks.indexed_commit_matches_tip(conn, cfg, source),
+                    checks.vector_keyword_parity(conn, source), checks.tags_in_vocabulary(conn, cfg)]
 
-    out.checks = run_stage(None, read_checks, lock=False)
-    out.checks.append(run_stage(":regression-check", lambda conn: checks.recall_regression_set(cfg, embedder)))
+        found = run_stage(None, read, lock=False)
+        return found + [run_stage(":regression-check", lambda conn: checks.recall_regression_set(cfg, embedder))]
+
+    # the checks only read what the stages before wrote, so they run beside the projections (mostly server
+    # work beside Python work), as the Dagster job's check steps could not: they follow their assets' steps
+    proj, found, error = run_side_by_side(lambda: stages.projections(cfg, key, run_stage), run_checks,
+                                          thread_name=f"kb_checks[{key}]")
+    if error is not None:
+        raise error
+    out.assets["kb_projections"] = {k: v for k, v in proj.value.as_metadata().items()
+                                    if k not in ("written", "removed")}
+    out.checks = found.value
     out.seconds = round(time.perf_counter() - started, 3)
     return out
 
