@@ -217,3 +217,21 @@ def test_fused_attention_graph_equals_the_plain_opset_graph(model_dir):
     real = mask.astype(bool)
     assert 0 < real.sum() < real.size                      # the batch is padded
     np.testing.assert_allclose(out["fused"][real], out["plain"][real], atol=1e-4)
+
+
+def test_small_document_jobs_take_onnxruntime_on_every_core_when_it_pays(model_dir, monkeypatch, onnx_cache):
+    """A few changed files' chunks (>= ONNX_DOCUMENT_MIN_TEXTS) go through onnxruntime with a thread per core
+    (~2x numpy's single thread on full windows); fewer stay on numpy (no session to pay for); without
+    onnxruntime, numpy. The vectors are numpy's within float rounding."""
+    monkeypatch.setattr(numpy_bert, "_ORT_INSTALLED", [])
+    n = numpy_bert.ONNX_DOCUMENT_MIN_TEXTS
+    texts = (SAMPLE + [f"paragraph {i}: " + "streams keep their messages for thirty days " * (i + 1)
+                       for i in range(n)])[:max(n, len(SAMPLE))]
+    big = numpy_bert.document_encoder_for(model_dir, len(texts))
+    assert big.runtime == "onnx" and big.threads == len(os.sched_getaffinity(0))
+    assert numpy_bert.document_encoder_for(model_dir, n - 1).runtime == "numpy"
+    a = big.encode(texts)
+    b = numpy_bert.encoder_for(model_dir, "numpy").encode(texts)
+    assert np.abs(a - b).max() < 1e-5
+    monkeypatch.setattr(numpy_bert, "_ORT_INSTALLED", [False])
+    assert numpy_bert.document_encoder_for(model_dir, len(texts)).runtime == "numpy"

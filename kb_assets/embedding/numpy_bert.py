@@ -125,6 +125,38 @@ def encoder_for(path: Path, runtime_name: str | None = None):
     return enc
 
 
+# A small document job (a re-run that changed a few files) of at least this many texts takes onnxruntime on every
+# core: its session costs ~0.3 s (the graph is cached on disk), and its forward pass on two threads is ~2x
+# numpy's single-threaded one on full-window chunks (docs/BENCHMARKS.md, "Small passes without a Dagster run").
+ONNX_DOCUMENT_MIN_TEXTS = 8
+
+
+def document_encoder_for(path: Path, n_texts: int):
+    """The torch-free encoder for a small document job: onnxruntime with one thread per core when it is
+    installed and the job pays for its session, else numpy (one BLAS thread). Same weights, vectors within
+    ~1e-6 of each other and of torch's."""
+    if n_texts < ONNX_DOCUMENT_MIN_TEXTS or not _onnxruntime_installed():
+        return encoder_for(path, "numpy")
+    key = (str(Path(path).resolve()), "onnx-documents")
+    enc = _CACHE.get(key)
+    if enc is None:
+        with _LOCK:
+            enc = _CACHE.get(key)
+            if enc is None:
+                try:
+                    cores = len(os.sched_getaffinity(0))
+                except (AttributeError, OSError):
+                    cores = os.cpu_count() or 1
+                try:
+                    enc = OnnxBertEncoder(Path(key[0]), threads=max(1, cores))
+                except Exception as exc:   # noqa: BLE001 — never worse than numpy: fall back, say why
+                    log.warning("onnxruntime document encoder unavailable (%s): using numpy", exc)
+                    enc = None
+                if enc is not None:
+                    _CACHE[key] = enc
+    return enc if enc is not None else encoder_for(path, "numpy")
+
+
 def _erf(x: np.ndarray) -> np.ndarray:
     # Abramowitz & Stegun 7.1.26 (|error| ≤ 1.5e-7, below float32 resolution); numpy has no erf and
     # scipy would cost more to import than the whole forward pass.
