@@ -648,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
         linger.enable()   # the embedded database outlives this call for KB_DB_LINGER s (store/linger.py)
     try:
         rc = args.fn(args) or 0
-        if args.verb == "index" and "dagster" in sys.modules and os.path.basename(sys.argv[0]) == "kb":
+        if args.verb == "index" and os.path.basename(sys.argv[0]) == "kb":
             from kb_assets.index_run import exit_without_teardown
 
             exit_without_teardown(rc)    # the console script's process ends here (main() called in-process returns)

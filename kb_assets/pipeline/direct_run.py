@@ -131,19 +131,29 @@ def run_source(cfg: KbConfig, key: str, *, progress: Progress = null_progress) -
 
     source = [cfg.source(key)]
 
-    def run_checks() -> list[CheckOutcome]:
+    def scans() -> list[CheckOutcome]:        # the checks that scan every chunk
         def read(conn) -> list[CheckOutcome]:
-            return [checks.every_chunk_embedded(conn, embedder.model, embedder.dimension), checks.no_orphans(conn),
-                    checks.signpost_failure_rate(conn), checks.indexed_commit_matches_tip(conn, cfg, source),
-                    checks.vector_keyword_parity(conn, source), checks.tags_in_vocabulary(conn, cfg)]
+            return [checks.every_chunk_embedded(conn, embedder.model, embedder.dimension), checks.no_orphans(conn)]
+        return run_stage(None, read, lock=False)
 
+    def the_rest() -> list[CheckOutcome]:
+        def read(conn) -> list[CheckOutcome]:
+            return [checks.signpost_failure_rate(conn), checks.indexed_commit_matches_tip(conn, cfg, source),
+                    checks.vector_keyword_parity(conn, source), checks.tags_in_vocabulary(conn, cfg)]
         found = run_stage(None, read, lock=False)
         return found + [run_stage(":regression-check", lambda conn: checks.recall_regression_set(cfg, embedder))]
 
-    # the checks only read what the stages before wrote, so they run beside the projections (mostly server
-    # work beside Python work), as the Dagster job's check steps could not: they follow their assets' steps
-    proj, found, error = run_side_by_side(lambda: stages.projections(cfg, key, run_stage), run_checks,
-                                          thread_name=f"kb_checks[{key}]")
+    # The checks only read what the stages before wrote: they run beside the projections stage, in two
+    # threads of their own (mostly server work, each on its own connection, beside Python work), where the
+    # Dagster job's check steps follow their assets' steps one by one.
+    def checks_beside() -> list[CheckOutcome]:
+        first, rest, failed = run_side_by_side(scans, the_rest, thread_name=f"kb_checks[{key}]")
+        if failed is not None:
+            raise failed
+        return first.value + rest.value
+
+    proj, found, error = run_side_by_side(lambda: stages.projections(cfg, key, run_stage), checks_beside,
+                                          thread_name=f"kb_checks_beside[{key}]")
     if error is not None:
         raise error
     out.assets["kb_projections"] = {k: v for k, v in proj.value.as_metadata().items()

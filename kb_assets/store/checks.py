@@ -40,12 +40,15 @@ class CheckOutcome:
 
 
 def every_chunk_embedded(conn: psycopg.Connection, model: str, dimension: int) -> CheckOutcome:
-    from kb_assets.pipeline.embeddings import count_missing
     from kb_assets.store import spaces
 
     table = spaces.space_table(conn, model, dimension)
-    total = conn.execute("SELECT count(DISTINCT chunk_hash) FROM chunks").fetchone()[0]
-    missing = total if table is None else count_missing(conn, table)
+    if table is None:
+        total = missing = conn.execute("SELECT count(DISTINCT chunk_hash) FROM chunks").fetchone()[0]
+    else:   # one scan for both
+        total, missing = conn.execute(
+            f'SELECT count(DISTINCT c.chunk_hash), count(DISTINCT c.chunk_hash) FILTER (WHERE NOT EXISTS'
+            f' (SELECT 1 FROM "{table}" e WHERE e.chunk_hash = c.chunk_hash)) FROM chunks c').fetchone()
     # per source, for the data engineer: which partition is incomplete
     per_source = [dict(zip(("source", "chunks", "missing"), r)) for r in conn.execute(
         "SELECT d.source_key, count(*), count(*) FILTER (WHERE %s::text IS NULL OR NOT EXISTS"
