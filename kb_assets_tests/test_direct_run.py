@@ -9,25 +9,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import dagster as dg
 
+from test_index_fast_path import _RUN, _age
 from test_index_integrity import _assert_equivalent, _assert_same, _snapshot, _sources, _write_corpus, second_db  # noqa: F401
-
-_RUN = (
-    "import json, sys\n"
-    "from kb_assets.cli import main\n"
-    "rc = main(sys.argv[1:])\n"
-    "print('DAGSTER=' + json.dumps('dagster' in sys.modules), file=sys.stderr)\n"
-    "sys.exit(rc)\n")
-
-
-def _age(*paths: Path, seconds: float = 120) -> None:
-    t = time.time() - seconds
-    for p in paths:
-        os.utime(p, (t, t))
 
 
 def _kb_index(cfg: Path, home: Path, *extra: str) -> tuple[dict, bool]:
