@@ -685,7 +685,8 @@ def score(run: dict[str, list[str]], qrels) -> dict[str, float]:
 BEFORE = {"keyword_bm25": False, "keyword_max_terms": 24, "keyword_postings": 6000, "keyword_max_df": 0.2,
           "gate_strong_floor": False, "title_weight": 0.0, "code_keyword_factor": 1.0, "code_document_factor": 1.0}
 CANDIDATE = "default"
-GATE_VARIANTS = ("before", "default", "default_title0", "default_title0.5", "default_code_plain")   # also measured with the gate on
+GATE_VARIANTS = ("before", "default", "default_title0", "default_title0.5", "default_code_plain",
+                 "default_impute_window", "default_impute_listed", "default_impute_dense")   # also measured with the gate on
 VARIANTS: dict[str, tuple[dict, dict]] = {
     "before": (BEFORE, {}),
     "bm25": ({**BEFORE, "keyword_bm25": True}, {}),
@@ -720,6 +721,13 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     # twice the document-vector channel's candidates (PEPs Recall@100: gold documents the keyword channel alone
     # ranks 43-147 get a second channel's rank; docs/QUALITY.md "Fifth pass")
     "default_docwin200": ({}, {"document_window": 200}),
+    # RRF with imputed ranks (Tuning.impute_rank): a document absent from a truncated channel fuses as if at its
+    # cut + 1 — the window's ("window") or the number of documents listed ("listed"); "dense": only the two
+    # vector channels impute, "kw": only the keyword channel
+    "default_impute_window": ({"impute_rank": "window"}, {}),
+    "default_impute_listed": ({"impute_rank": "listed"}, {}),
+    "default_impute_dense": ({"impute_rank": "window", "impute_channels": ("vector", "document")}, {}),
+    "default_impute_kw": ({"impute_rank": "window", "impute_channels": ("keyword",)}, {}),
 }
 # Measured once and left out of the grid (docs/QUALITY.md): common query words too, as the baseline's BM25
 # reads every word (code_history hybrid 0.745 for both against 0.753).
@@ -861,6 +869,11 @@ def render_variants(results: dict, loso: list[dict] | None) -> str:
         lines.append(f"| {n} | " + " | ".join(
             f"{results[s]['variants'][n]['hybrid']['ndcg@10']:.3f} / {results[s]['variants'][n]['keyword']['ndcg@10']:.3f}"
             for s in sets) + " |")
+    lines += ["", "Hybrid Recall@100 per variant (gate off):", "",
+              "| variant | " + " | ".join(sets) + " |", "| --- |" + " ---: |" * len(sets)]
+    for n in names:
+        lines.append(f"| {n} | " + " | ".join(f"{results[s]['variants'][n]['hybrid']['recall@100']:.3f}"
+                                             for s in sets) + " |")
     lines.append("")
     lines.append("Gate on (hybrid nDCG@10 / Recall@100, and results returned for each off-topic query):")
     lines.append("")
