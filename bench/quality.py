@@ -686,7 +686,8 @@ BEFORE = {"keyword_bm25": False, "keyword_max_terms": 24, "keyword_postings": 60
           "gate_strong_floor": False, "title_weight": 0.0, "code_keyword_factor": 1.0, "code_document_factor": 1.0}
 CANDIDATE = "default"
 GATE_VARIANTS = ("before", "default", "default_title0", "default_title0.5", "default_code_plain",
-                 "default_impute_window", "default_impute_listed", "default_impute_dense")   # also measured with the gate on
+                 "default_impute_window", "default_impute_listed", "default_impute_dense",
+                 "default_weak0.05", "default_weak0.1")   # also measured with the gate on
 VARIANTS: dict[str, tuple[dict, dict]] = {
     "before": (BEFORE, {}),
     "bm25": ({**BEFORE, "keyword_bm25": True}, {}),
@@ -728,6 +729,10 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "default_impute_listed": ({"impute_rank": "listed"}, {}),
     "default_impute_dense": ({"impute_rank": "window", "impute_channels": ("vector", "document")}, {}),
     "default_impute_kw": ({"impute_rank": "window", "impute_channels": ("keyword",)}, {}),
+    # the gate's weak band (Tuning.gate_weak_margin): a query below the index's null level + 0.2 keeps only
+    # results within this margin of its best (ranking with the gate off is unchanged by it)
+    "default_weak0.05": ({"gate_weak_margin": 0.05}, {}),
+    "default_weak0.1": ({"gate_weak_margin": 0.1}, {}),
 }
 # Measured once and left out of the grid (docs/QUALITY.md): common query words too, as the baseline's BM25
 # reads every word (code_history hybrid 0.745 for both against 0.753).

@@ -62,6 +62,26 @@ def test_a_clearly_on_topic_query_keeps_the_keyword_channels_first_documents():
     assert kept(hits, null, n_docs=190) == [1, 2]
 
 
+def test_a_weak_query_keeps_only_results_near_its_best_with_gate_weak_margin():
+    """Tuning.gate_weak_margin: a query above the null level but below null + CLEARLY_ON_TOPIC_ABOVE_NULL (an
+    off-topic query on a large corpus: something always lies a little above the background) keeps only the
+    results within the margin of its best, plus its exact-term matches; a clearly on-topic one is unchanged."""
+    def weak(hits, null, margin=0.05):
+        return [h.doc_id for h in _gate(hits, HYBRID, 0.25, QuerySettings(), Tuning(gate_weak_margin=margin),
+                                        null, 1000)]
+
+    hits = [hit(1, 0.45), hit(2, 0.42), hit(3, 0.38), hit(4, 0.30), hit(5, 0.20, cov=0.9, k_rank=1)]
+    null = 0.335                                  # the PEPs' level: 0.45 is on-topic (>= null + 0.05), not clearly
+    assert kept(hits, null) == [1, 2, 3, 4, 5]    # off: 0.45 >= floor + 0.15 keeps everything above the floor
+    assert weak(hits, null) == [1, 2, 5]
+    assert weak(hits, null, 0.1) == [1, 2, 3, 5]
+    # clearly on-topic (best >= null + 0.2): the strong floor as before
+    assert weak(hits, 0.45 - CLEARLY_ON_TOPIC_ABOVE_NULL) == kept(hits, 0.45 - CLEARLY_ON_TOPIC_ABOVE_NULL)
+    # no null level (an uncalibrated model): no change
+    assert [h.doc_id for h in _gate(hits, HYBRID, 0.25, QuerySettings(), Tuning(gate_weak_margin=0.05), None,
+                                    1000)] == kept(hits, None)
+
+
 def test_keyword_mode_is_unchanged_by_the_null_level():
     hits = [hit(1, cov=0.35, k_rank=1), hit(2, cov=0.2, k_rank=2), hit(3, cov=0.1, k_rank=3)]
     assert kept(hits, 0.9, channels=["keyword"]) == kept(hits, None, channels=["keyword"]) == [1, 2]

@@ -113,6 +113,10 @@ class Tuning:
     # result above the floor (True) instead of only those within the margin of the best (False): a clear
     # answer then does not cut the relevant documents further down (Recall@100).
     gate_strong_floor: bool = True
+    # Relevance gate, weak queries (with the index's null level, query/gate.py): a query whose best similarity
+    # is below null + CLEARLY_ON_TOPIC_ABOVE_NULL keeps only results within gate_weak_margin of its best (and
+    # the strong floor above needs that level too). None: off (the margin rule above applies).
+    gate_weak_margin: float | None = None
     # exact vector scan (instead of HNSW) when filters leave at most this many chunks
     exact_scan_chunks: int = 20000
     # Relevance gate (settings min_similarity / min_keyword_coverage): `gate=False` turns it off (evaluation),

@@ -167,11 +167,17 @@ def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings, tu
     margin = settings.similarity_margin
     t_sim = t_cov = float("inf")
     best = 0.0
+    weak_margin = getattr(tuning, "gate_weak_margin", None) if null is not None else None
     if vec_on:
         best = max(h.similarity for h in ranked)
         t_sim = max(floor, min(best - margin, floor + SURE_SIMILARITY_ABOVE_FLOOR))
-        if tuning is not None and tuning.gate_strong_floor and best >= floor + SURE_SIMILARITY_ABOVE_FLOOR:
+        strong = floor + SURE_SIMILARITY_ABOVE_FLOOR
+        if weak_margin is not None:           # "clearly similar" measured against this index's background too
+            strong = max(strong, null + CLEARLY_ON_TOPIC_ABOVE_NULL)
+        if tuning is not None and tuning.gate_strong_floor and best >= strong:
             t_sim = floor
+        elif weak_margin is not None:         # a query barely above the background: only what is near its best
+            t_sim = max(floor, best - weak_margin)
     if kw_on:
         best_cov = max(h.coverage for h in ranked)
         if vec_on:
