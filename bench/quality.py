@@ -167,12 +167,14 @@ def judged_subset(tar_glob: str, pattern: str, judged: set[str], every: int) -> 
 
 
 # The shared CPU embeds 1-5 chunks/s (load 10-18 from other work), so the big sets run on fixed subsets:
-# Full sets by default; KB_QUALITY_SUBSET=1 restores last session's documented subsets (for a loaded machine).
-_SUBSET = os.environ.get("KB_QUALITY_SUBSET") == "1"
+# Full sets by default; KB_QUALITY_SUBSET=1 restores last session's documented subsets (for a loaded machine);
+# KB_QUALITY_SUBSET=rust_rfcs (or peps_whatsnew, comma-separated) the subset of those sets only.
+_SUBSET_ENV = os.environ.get("KB_QUALITY_SUBSET", "")
+_SUBSET_SETS = {"rust_rfcs", "peps_whatsnew"} if _SUBSET_ENV == "1" else set(filter(None, _SUBSET_ENV.split(",")))
 RFC_QUERY_EVERY = 1                     # rust_rfcs: every query (45), ...
-RFC_EVERY = 20 if _SUBSET else 1        # ... every RFC (subset: judged + every 20th other; full 648, ~17.5K chunks)
-PEP_QUERY_EVERY = 4 if _SUBSET else 1   # peps_whatsnew: all 244 queries (subset: every 4th, 61), ...
-PEP_EVERY = 25 if _SUBSET else 1        # ... every PEP (subset: judged + every 25th other; full 736, ~17.8K chunks)
+RFC_EVERY = 20 if "rust_rfcs" in _SUBSET_SETS else 1   # ... every RFC (subset: judged + every 20th other; full 648, ~17.5K chunks)
+PEP_QUERY_EVERY = 4 if "peps_whatsnew" in _SUBSET_SETS else 1   # peps_whatsnew: all 244 queries (subset: every 4th, 61), ...
+PEP_EVERY = 25 if "peps_whatsnew" in _SUBSET_SETS else 1        # ... every PEP (subset: judged + every 25th other; full 736, ~17.8K chunks)
 
 
 def rfc_subset(every: int = RFC_EVERY) -> list[str]:
