@@ -128,6 +128,8 @@ def sim_gate(hits: list[dict], row: dict, **p) -> list[dict]:
             t_sim = float("inf")
         elif best >= null + clear:
             k_top = min(kw_top, row["n_docs"] // 10)
+        elif weak_margin is not None and (best >= null + on or not p.get("weak_top_on_topic_only")):
+            k_top = p.get("weak_keyword_top", 0)     # BM25's first documents of a weak query
     return [h for h in hits
             if (vec_on and (h["vec"] or h["d_sim"] is not None) and h["sim"] >= t_sim)
             or (kw_on and h["kw"] and (h["cov"] >= t_cov or (h["k_rank"] is not None and h["k_rank"] <= k_top)))]

@@ -70,11 +70,17 @@ def test_a_weak_query_keeps_only_results_near_its_best_with_gate_weak_margin():
         return [h.doc_id for h in _gate(hits, HYBRID, 0.25, QuerySettings(), Tuning(gate_weak_margin=margin),
                                         null, 1000)]
 
-    hits = [hit(1, 0.45), hit(2, 0.42), hit(3, 0.38), hit(4, 0.30), hit(5, 0.20, cov=0.9, k_rank=1)]
+    hits = [hit(1, 0.45), hit(2, 0.42), hit(3, 0.38), hit(4, 0.30), hit(5, 0.20, cov=0.9, k_rank=3),
+            hit(6, 0.33, cov=0.2, k_rank=2), hit(7, 0.31, cov=0.2, k_rank=3)]
     null = 0.335                                  # the PEPs' level: 0.45 is on-topic (>= null + 0.05), not clearly
-    assert kept(hits, null) == [1, 2, 3, 4, 5]    # off: 0.45 >= floor + 0.15 keeps everything above the floor
-    assert weak(hits, null) == [1, 2, 5]
-    assert weak(hits, null, 0.1) == [1, 2, 3, 5]
+    assert kept(hits, null) == [1, 2, 3, 4, 5, 6, 7]   # off: 0.45 >= floor + 0.15 keeps everything above the floor
+    assert weak(hits, null) == [1, 2, 5, 6]       # near the best, the exact-term match, BM25's first two
+    assert weak(hits, null, 0.1) == [1, 2, 3, 5, 6]
+    # below the null level, rescued by the channels' agreement: near the best only (no BM25 top)
+    first = hit(8, 0.36, cov=0.3, k_rank=1)
+    first.v_rank = 1
+    low = [first, hit(9, 0.33), hit(10, 0.29), hit(11, 0.2, cov=0.2, k_rank=2)]
+    assert weak(low, 0.335) == [8, 9]
     # clearly on-topic (best >= null + 0.2): the strong floor as before
     assert weak(hits, 0.45 - CLEARLY_ON_TOPIC_ABOVE_NULL) == kept(hits, 0.45 - CLEARLY_ON_TOPIC_ABOVE_NULL)
     # no null level (an uncalibrated model): no change

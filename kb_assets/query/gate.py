@@ -57,6 +57,7 @@ NULL_QUANTILE = 0.75                 # of the probes' best similarities (a few p
 ON_TOPIC_ABOVE_NULL = 0.05           # all-MiniLM-L6-v2; joint choice over four sets (bench/gate_study.py)
 CLEARLY_ON_TOPIC_ABOVE_NULL = 0.20
 KEYWORD_TOP_KEPT = 50
+WEAK_KEYWORD_TOP_KEPT = 2            # with Tuning.gate_weak_margin: BM25's first documents of a weak query
 
 _null_cache: dict[tuple, float] = {}           # (database dsn, table, chunks, model) -> level
 _null_by_conn: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # the same, without reading the dsn
@@ -190,6 +191,10 @@ def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings, tu
             t_sim = float("inf")                     # not about this index: exact-term matches only
         elif best >= null + CLEARLY_ON_TOPIC_ABOVE_NULL:
             k_top = min(KEYWORD_TOP_KEPT, n_docs // 10)
+        elif weak_margin is not None and best >= null + ON_TOPIC_ABOVE_NULL:
+            # on-topic but not clearly: the near-best results above, and BM25's first two (a gold document
+            # the model ranks 0.07-0.09 below the best, BM25 first or second: click-15/-20, whatsnew-3.4-139)
+            k_top = min(WEAK_KEYWORD_TOP_KEPT, n_docs // 10)
     return [h for h in ranked
             if (vec_on and (h.vec or h.d_sim is not None) and h.similarity >= t_sim)
             or (kw_on and h.kw and (h.coverage >= t_cov or (h.k_rank is not None and h.k_rank <= k_top)))]
