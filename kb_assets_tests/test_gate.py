@@ -26,7 +26,9 @@ def hit(i, sim=None, cov=0.0, k_rank=None):
 
 
 def kept(hits, null, n_docs=1000, channels=HYBRID):
-    return [h.doc_id for h in _gate(hits, channels, 0.25, QuerySettings(), Tuning(), null, n_docs)]
+    """The gate without its weak band (Tuning.gate_weak_margin, tested on its own below)."""
+    return [h.doc_id for h in _gate(hits, channels, 0.25, QuerySettings(), Tuning(gate_weak_margin=None), null,
+                                    n_docs)]
 
 
 def test_a_query_near_the_null_level_keeps_only_exact_term_matches():
@@ -83,6 +85,9 @@ def test_a_weak_query_keeps_only_results_near_its_best_with_gate_weak_margin():
     assert weak(low, 0.335) == [8, 9]
     # clearly on-topic (best >= null + 0.2): the strong floor as before
     assert weak(hits, 0.45 - CLEARLY_ON_TOPIC_ABOVE_NULL) == kept(hits, 0.45 - CLEARLY_ON_TOPIC_ABOVE_NULL)
+    # the default since 2026-12-03
+    assert Tuning().gate_weak_margin == 0.05
+    assert [h.doc_id for h in _gate(hits, HYBRID, 0.25, QuerySettings(), Tuning(), null, 1000)] == weak(hits, null)
     # no null level (an uncalibrated model): no change
     assert [h.doc_id for h in _gate(hits, HYBRID, 0.25, QuerySettings(), Tuning(gate_weak_margin=0.05), None,
                                     1000)] == kept(hits, None)

@@ -528,7 +528,7 @@ def test_imputed_ranks_for_documents_below_a_truncated_channel():
             h.vec, h.d_sim = [(1.0 - i / 10, 10 * i)], 1.0 - i / 10
         return out
 
-    off = _fuse(hits(), chans, s, Tuning())
+    off = _fuse(hits(), chans, s, Tuning(impute_rank="off"))
     assert [h.doc_id for h in off][-1] == 1                       # one channel of three: below every two-channel one
     win = _fuse(hits(), chans, s, Tuning(impute_rank="window"), truncated={"keyword": True})
     one = next(h for h in win if h.doc_id == 1)
