@@ -895,7 +895,8 @@ def render_variants(results: dict, loso: list[dict] | None) -> str:
             if "hybrid_gate_on" in v:
                 cells.append(f"{s} {v['hybrid_gate_on']['ndcg@10']:.3f} / {v['hybrid_gate_on']['recall@100']:.3f}"
                              f" (gate off {v['hybrid']['recall@100']:.3f}), off-topic {v['off_topic_results']['hybrid']}")
-        lines.append(f"- `{n}`: " + "; ".join(cells))
+        if cells:
+            lines.append(f"- `{n}`: " + "; ".join(cells))
     if loso:
         lines += ["", "**Leave one set out** (the variant with the best mean hybrid nDCG@10 on the other sets, scored on"
                   " the held-out one):", "", "| held out | chosen on the others | its nDCG@10 there | `default` | `before` |"
