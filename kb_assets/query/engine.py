@@ -13,7 +13,8 @@ Pipeline of one query (docs/QUALITY.md has the measurements behind each choice):
      idf × ts_rank, summed per chunk, at most `per_document_chunks` per document).
 2. Collapse to documents per channel: a document's channel score is its best chunk plus a decayed share of
    its next best chunks, at most `per_document_chunks` of them.
-3. Fuse the channels (reciprocal rank fusion, weights and k are settings; or a convex combination),
+3. Fuse the channels (reciprocal rank fusion, weights and k are settings, a document absent from a truncated
+   channel counted at its cut + 1 (Tuning.impute_rank); or a convex combination),
    apply the relevance gate and `min_score`, and split: kind "code" goes to the code section.
 4. Several queries: each is ranked on its own; the union takes documents from each query's list in turn
    (so a broad query cannot crowd out a focused one) and notes which queries matched each record.
