@@ -20,7 +20,7 @@ import quality as Q  # noqa: E402
 SETS = ("regression", "code_history", "rust_rfcs", "peps_whatsnew")
 
 
-def capture(set_name: str, out: Path) -> None:
+def capture(set_name: str, out: Path, tuning_fields: dict | None = None, modes=("hybrid", "keyword")) -> None:
     from dataclasses import replace
 
     from kb_assets.config import load_config
@@ -45,9 +45,13 @@ def capture(set_name: str, out: Path) -> None:
     names = {did: (f"{src}/{path}", kind) for did, src, path, kind in conn.execute(
         "SELECT id, source_key, path, kind FROM documents WHERE status = 'active'")}
     captured: list = []
+    extra: list = []
     real_gate = engine._gate
 
     def spy(ranked, channels, floor, settings, *rest):
+        tun, null, n_docs = (list(rest) + [None, None, 0])[:3]
+        extra.append(dict(null=null, n_docs=n_docs, channels=list(channels),
+                          margin=settings.similarity_margin, min_cov=settings.min_keyword_coverage))
         captured.append((floor, [dict(doc=h.doc_id, kind=h.kind, sim=h.similarity, cov=h.coverage,
                                       vec=[s for s, _ in h.vec], kw=[s for s, _ in h.kw], d_sim=h.d_sim,
                                       score=h.score, v_rank=h.v_rank, k_rank=h.k_rank, d_rank=h.d_rank,
@@ -56,22 +60,25 @@ def capture(set_name: str, out: Path) -> None:
         return real_gate(ranked, channels, floor, settings, *rest)
 
     engine._gate = spy
-    t = replace(Tuning(), gate=True)
+    t = replace(Tuning(**(tuning_fields or {})), gate=True)
     rows = {"queries": [], "off_topic": []}
     src_one = es.sources[0].key if len(es.sources) == 1 else None
     try:
-        for mode in ("hybrid", "keyword"):
+        for mode in modes:
             for q in es.queries():
                 captured.clear()
+                extra.clear()
                 r = recall(q["query"], config=cfg, conn=conn, embedder=emb, mode=mode, tuning=t, limit=100,
                            code_limit=100, source=q.get("source"), ranked_ids=True)
                 rows["queries"].append(dict(mode=mode, id=q["id"], section=q["section"], query=q["query"],
                                             source=q.get("source"), floor=captured[0][0], hits=captured[0][1],
-                                            candidates=r.candidates.get("per_query")))
+                                            candidates=r.candidates.get("per_query"), **extra[0]))
             for text in es.off_topic:
                 captured.clear()
-                recall(text, config=cfg, conn=conn, embedder=emb, mode=mode, tuning=t, source=src_one)
-                rows["off_topic"].append(dict(mode=mode, query=text, floor=captured[0][0], hits=captured[0][1]))
+                extra.clear()
+                r = recall(text, config=cfg, conn=conn, embedder=emb, mode=mode, tuning=t, source=src_one)
+                rows["off_topic"].append(dict(mode=mode, query=text, floor=captured[0][0], hits=captured[0][1],
+                                              returned=len(r.documents) + len(r.code), **extra[0]))
     finally:
         engine._gate = real_gate
     rows["names"] = names
@@ -84,16 +91,109 @@ def capture(set_name: str, out: Path) -> None:
     conn.close()
 
 
+# ------------------------------------------------------------------------------------------------ simulate
+def sim_gate(hits: list[dict], row: dict, **p) -> list[dict]:
+    """query/gate.py's _gate over captured hits, with its constants as parameters (p); the defaults reproduce
+    the shipped gate (checked against the captured result counts by --simulate)."""
+    from kb_assets.query import gate as G
+    on = p.get("on_topic", G.ON_TOPIC_ABOVE_NULL)
+    clear = p.get("clearly", G.CLEARLY_ON_TOPIC_ABOVE_NULL)
+    sure = p.get("sure", G.SURE_SIMILARITY_ABOVE_FLOOR)
+    strong_rel = p.get("strong_relative", False)     # the strong floor when best >= null + clear (not floor + sure)
+    weak_margin = p.get("weak_margin")               # a query below null + clear keeps sim >= best - weak_margin
+    kw_top = p.get("keyword_top", G.KEYWORD_TOP_KEPT)
+    if not hits:
+        return hits
+    floor, null, chans = row["floor"], row["null"], row["channels"]
+    vec_on, kw_on = "vector" in chans, "keyword" in chans
+    t_sim = t_cov = float("inf")
+    best = 0.0
+    if vec_on:
+        best = max(h["sim"] for h in hits)
+        t_sim = max(floor, min(best - row["margin"], floor + sure))
+        strong = (best >= max(floor + sure, null + clear)) if (strong_rel and null is not None) \
+            else (best >= floor + sure)
+        if strong:
+            t_sim = floor
+        elif weak_margin is not None and null is not None:
+            t_sim = max(floor, best - weak_margin)
+    if kw_on:
+        best_cov = max(h["cov"] for h in hits)
+        t_cov = max(row["min_cov"], best_cov - G.COVERAGE_MARGIN) if vec_on else \
+            max(0.1, min(best_cov - G.COVERAGE_MARGIN, row["min_cov"]))
+    k_top = 0
+    if vec_on and null is not None:
+        agree = any(h["k_rank"] == 1 and (h["v_rank"] == 1 or h["d_rank"] == 1) for h in hits)
+        if best < null + on and not (agree and p.get("agree", True)):
+            t_sim = float("inf")
+        elif best >= null + clear:
+            k_top = min(kw_top, row["n_docs"] // 10)
+        elif weak_margin is not None and (best >= null + on or not p.get("weak_top_on_topic_only")):
+            k_top = p.get("weak_keyword_top", 0)     # BM25's first documents of a weak query
+    return [h for h in hits
+            if (vec_on and (h["vec"] or h["d_sim"] is not None) and h["sim"] >= t_sim)
+            or (kw_on and h["kw"] and (h["cov"] >= t_cov or (h["k_rank"] is not None and h["k_rank"] <= k_top)))]
+
+
+def simulate(out: Path, sets: list[str], designs: dict[str, dict], limits=(20, 10)) -> dict:
+    """Per design and set: hybrid Recall@100 with the gate (against gate off) and the off-topic result counts."""
+    from kb_assets.query.metrics import evaluate
+    res: dict = {}
+    for s in sets:
+        f = out / f"{s}.pkl"
+        if not f.exists():
+            continue
+        rows = pickle.loads(f.read_bytes())
+        names, qrels = rows["names"], rows["qrels"]
+
+        def path(doc):
+            return names[doc][0].split("/", 1)[1]
+
+        for dname, p in designs.items():
+            run_off, run_on = {}, {}
+            for q in rows["queries"]:
+                if q["mode"] != "hybrid":
+                    continue
+                want_code = q["section"] == "code"
+                ranked = sorted(q["hits"], key=lambda h: (-h["score"], h["doc"]))
+                kept = sim_gate(ranked, q, **p)
+                run_off[q["id"]] = [path(h["doc"]) for h in ranked if (h["kind"] == "code") == want_code][:100]
+                run_on[q["id"]] = [path(h["doc"]) for h in kept if (h["kind"] == "code") == want_code][:100]
+            m_off, m_on = evaluate(run_off, qrels), evaluate(run_on, qrels)
+            counts, shipped = [], []
+            for o in rows["off_topic"]:
+                if o["mode"] != "hybrid":
+                    continue
+                kept = sim_gate(o["hits"], o, **p)
+                counts.append(min(limits[0], sum(h["kind"] != "code" for h in kept))
+                              + min(limits[1], sum(h["kind"] == "code" for h in kept)))
+                shipped.append(o.get("returned"))
+            res.setdefault(dname, {})[s] = dict(
+                r100_off=round(m_off["recall@100"], 4), r100_on=round(m_on["recall@100"], 4),
+                ndcg_on=round(m_on["ndcg@10"], 4), off_topic=counts, shipped=shipped)
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sets", default=",".join(SETS))
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "out" / "gate_study"))
+    ap.add_argument("--tuning", default="{}", help="Tuning fields (JSON) the captured queries run with")
+    ap.add_argument("--hybrid-only", action="store_true")
+    ap.add_argument("--simulate", default=None, help="JSON {design: {param: value}} (see sim_gate); no capture")
     a = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if a.simulate is not None:
+        designs = {"shipped": {}, **json.loads(a.simulate)}
+        print(json.dumps(simulate(Path(a.out), a.sets.split(","), designs), indent=1))
+        return
+    tf = json.loads(a.tuning)
+    if "impute_channels" in tf:
+        tf["impute_channels"] = tuple(tf["impute_channels"])
     for s in a.sets.split(","):
         t0 = time.time()
-        capture(s, Path(a.out))
+        capture(s, Path(a.out), tf, ("hybrid",) if a.hybrid_only else ("hybrid", "keyword"))
         print(f"{s}: {time.time() - t0:.0f} s", file=sys.stderr)
 
 

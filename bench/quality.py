@@ -167,12 +167,14 @@ def judged_subset(tar_glob: str, pattern: str, judged: set[str], every: int) -> 
 
 
 # The shared CPU embeds 1-5 chunks/s (load 10-18 from other work), so the big sets run on fixed subsets:
-# Full sets by default; KB_QUALITY_SUBSET=1 restores last session's documented subsets (for a loaded machine).
-_SUBSET = os.environ.get("KB_QUALITY_SUBSET") == "1"
+# Full sets by default; KB_QUALITY_SUBSET=1 restores last session's documented subsets (for a loaded machine);
+# KB_QUALITY_SUBSET=rust_rfcs (or peps_whatsnew, comma-separated) the subset of those sets only.
+_SUBSET_ENV = os.environ.get("KB_QUALITY_SUBSET", "")
+_SUBSET_SETS = {"rust_rfcs", "peps_whatsnew"} if _SUBSET_ENV == "1" else set(filter(None, _SUBSET_ENV.split(",")))
 RFC_QUERY_EVERY = 1                     # rust_rfcs: every query (45), ...
-RFC_EVERY = 20 if _SUBSET else 1        # ... every RFC (subset: judged + every 20th other; full 648, ~17.5K chunks)
-PEP_QUERY_EVERY = 4 if _SUBSET else 1   # peps_whatsnew: all 244 queries (subset: every 4th, 61), ...
-PEP_EVERY = 25 if _SUBSET else 1        # ... every PEP (subset: judged + every 25th other; full 736, ~17.8K chunks)
+RFC_EVERY = 20 if "rust_rfcs" in _SUBSET_SETS else 1   # ... every RFC (subset: judged + every 20th other; full 648, ~17.5K chunks)
+PEP_QUERY_EVERY = 4 if "peps_whatsnew" in _SUBSET_SETS else 1   # peps_whatsnew: all 244 queries (subset: every 4th, 61), ...
+PEP_EVERY = 25 if "peps_whatsnew" in _SUBSET_SETS else 1        # ... every PEP (subset: judged + every 25th other; full 736, ~17.8K chunks)
 
 
 def rfc_subset(every: int = RFC_EVERY) -> list[str]:
@@ -685,7 +687,9 @@ def score(run: dict[str, list[str]], qrels) -> dict[str, float]:
 BEFORE = {"keyword_bm25": False, "keyword_max_terms": 24, "keyword_postings": 6000, "keyword_max_df": 0.2,
           "gate_strong_floor": False, "title_weight": 0.0, "code_keyword_factor": 1.0, "code_document_factor": 1.0}
 CANDIDATE = "default"
-GATE_VARIANTS = ("before", "default", "default_title0", "default_title0.5", "default_code_plain")   # also measured with the gate on
+GATE_VARIANTS = ("before", "default", "default_title0", "default_title0.5", "default_code_plain",
+                 "default_impute_window", "default_impute_listed", "default_impute_dense",
+                 "default_weak0.05", "default_weak0.1", "previous", "default_no_impute", "default_no_weak")   # also measured with the gate on
 VARIANTS: dict[str, tuple[dict, dict]] = {
     "before": (BEFORE, {}),
     "bm25": ({**BEFORE, "keyword_bm25": True}, {}),
@@ -720,6 +724,21 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     # twice the document-vector channel's candidates (PEPs Recall@100: gold documents the keyword channel alone
     # ranks 43-147 get a second channel's rank; docs/QUALITY.md "Fifth pass")
     "default_docwin200": ({}, {"document_window": 200}),
+    # RRF with imputed ranks (Tuning.impute_rank): a document absent from a truncated channel fuses as if at its
+    # cut + 1 — the window's ("window") or the number of documents listed ("listed"); "dense": only the two
+    # vector channels impute, "kw": only the keyword channel
+    "default_impute_window": ({"impute_rank": "window"}, {}),
+    "default_impute_listed": ({"impute_rank": "listed"}, {}),
+    "default_impute_dense": ({"impute_rank": "window", "impute_channels": ("vector", "document")}, {}),
+    "default_impute_kw": ({"impute_rank": "window", "impute_channels": ("keyword",)}, {}),
+    # the gate's weak band (Tuning.gate_weak_margin): a query below the index's null level + 0.2 keeps only
+    # results within this margin of its best (ranking with the gate off is unchanged by it)
+    "default_weak0.05": ({"gate_weak_margin": 0.05}, {}),
+    "default_weak0.1": ({"gate_weak_margin": 0.1}, {}),
+    # the defaults before 2026-12-03 (no imputed ranks, no weak band), and each of the two changes left out
+    "previous": ({"impute_rank": "off", "gate_weak_margin": None}, {}),
+    "default_no_impute": ({"impute_rank": "off"}, {}),
+    "default_no_weak": ({"gate_weak_margin": None}, {}),
 }
 # Measured once and left out of the grid (docs/QUALITY.md): common query words too, as the baseline's BM25
 # reads every word (code_history hybrid 0.745 for both against 0.753).
@@ -861,6 +880,11 @@ def render_variants(results: dict, loso: list[dict] | None) -> str:
         lines.append(f"| {n} | " + " | ".join(
             f"{results[s]['variants'][n]['hybrid']['ndcg@10']:.3f} / {results[s]['variants'][n]['keyword']['ndcg@10']:.3f}"
             for s in sets) + " |")
+    lines += ["", "Hybrid Recall@100 per variant (gate off):", "",
+              "| variant | " + " | ".join(sets) + " |", "| --- |" + " ---: |" * len(sets)]
+    for n in names:
+        lines.append(f"| {n} | " + " | ".join(f"{results[s]['variants'][n]['hybrid']['recall@100']:.3f}"
+                                             for s in sets) + " |")
     lines.append("")
     lines.append("Gate on (hybrid nDCG@10 / Recall@100, and results returned for each off-topic query):")
     lines.append("")
@@ -871,7 +895,8 @@ def render_variants(results: dict, loso: list[dict] | None) -> str:
             if "hybrid_gate_on" in v:
                 cells.append(f"{s} {v['hybrid_gate_on']['ndcg@10']:.3f} / {v['hybrid_gate_on']['recall@100']:.3f}"
                              f" (gate off {v['hybrid']['recall@100']:.3f}), off-topic {v['off_topic_results']['hybrid']}")
-        lines.append(f"- `{n}`: " + "; ".join(cells))
+        if cells:
+            lines.append(f"- `{n}`: " + "; ".join(cells))
     if loso:
         lines += ["", "**Leave one set out** (the variant with the best mean hybrid nDCG@10 on the other sets, scored on"
                   " the held-out one):", "", "| held out | chosen on the others | its nDCG@10 there | `default` | `before` |"

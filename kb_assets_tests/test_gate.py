@@ -26,7 +26,9 @@ def hit(i, sim=None, cov=0.0, k_rank=None):
 
 
 def kept(hits, null, n_docs=1000, channels=HYBRID):
-    return [h.doc_id for h in _gate(hits, channels, 0.25, QuerySettings(), Tuning(), null, n_docs)]
+    """The gate without its weak band (Tuning.gate_weak_margin, tested on its own below)."""
+    return [h.doc_id for h in _gate(hits, channels, 0.25, QuerySettings(), Tuning(gate_weak_margin=None), null,
+                                    n_docs)]
 
 
 def test_a_query_near_the_null_level_keeps_only_exact_term_matches():
@@ -60,6 +62,35 @@ def test_a_clearly_on_topic_query_keeps_the_keyword_channels_first_documents():
     # a small index: at most a tenth of its documents are kept this way
     assert kept(hits, null, n_docs=100) == [1]
     assert kept(hits, null, n_docs=190) == [1, 2]
+
+
+def test_a_weak_query_keeps_only_results_near_its_best_with_gate_weak_margin():
+    """Tuning.gate_weak_margin: a query above the null level but below null + CLEARLY_ON_TOPIC_ABOVE_NULL (an
+    off-topic query on a large corpus: something always lies a little above the background) keeps only the
+    results within the margin of its best, plus its exact-term matches; a clearly on-topic one is unchanged."""
+    def weak(hits, null, margin=0.05):
+        return [h.doc_id for h in _gate(hits, HYBRID, 0.25, QuerySettings(), Tuning(gate_weak_margin=margin),
+                                        null, 1000)]
+
+    hits = [hit(1, 0.45), hit(2, 0.42), hit(3, 0.38), hit(4, 0.30), hit(5, 0.20, cov=0.9, k_rank=3),
+            hit(6, 0.33, cov=0.2, k_rank=2), hit(7, 0.31, cov=0.2, k_rank=3)]
+    null = 0.335                                  # the PEPs' level: 0.45 is on-topic (>= null + 0.05), not clearly
+    assert kept(hits, null) == [1, 2, 3, 4, 5, 6, 7]   # off: 0.45 >= floor + 0.15 keeps everything above the floor
+    assert weak(hits, null) == [1, 2, 5, 6]       # near the best, the exact-term match, BM25's first two
+    assert weak(hits, null, 0.1) == [1, 2, 3, 5, 6]
+    # below the null level, rescued by the channels' agreement: near the best only (no BM25 top)
+    first = hit(8, 0.36, cov=0.3, k_rank=1)
+    first.v_rank = 1
+    low = [first, hit(9, 0.33), hit(10, 0.29), hit(11, 0.2, cov=0.2, k_rank=2)]
+    assert weak(low, 0.335) == [8, 9]
+    # clearly on-topic (best >= null + 0.2): the strong floor as before
+    assert weak(hits, 0.45 - CLEARLY_ON_TOPIC_ABOVE_NULL) == kept(hits, 0.45 - CLEARLY_ON_TOPIC_ABOVE_NULL)
+    # the default since 2026-12-03
+    assert Tuning().gate_weak_margin == 0.05
+    assert [h.doc_id for h in _gate(hits, HYBRID, 0.25, QuerySettings(), Tuning(), null, 1000)] == weak(hits, null)
+    # no null level (an uncalibrated model): no change
+    assert [h.doc_id for h in _gate(hits, HYBRID, 0.25, QuerySettings(), Tuning(gate_weak_margin=0.05), None,
+                                    1000)] == kept(hits, None)
 
 
 def test_keyword_mode_is_unchanged_by_the_null_level():

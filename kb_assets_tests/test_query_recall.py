@@ -509,6 +509,47 @@ def test_code_files_fuse_with_their_own_channel_weights():
     assert [h.doc_id for h in _fuse(hits("code"), ["keyword"], s, Tuning())] == [2, 1, 3]
 
 
+def test_imputed_ranks_for_documents_below_a_truncated_channel():
+    """Tuning.impute_rank: a document absent from a truncated channel fuses as if at the cut + 1 (off: it adds
+    nothing there); a keyword channel below its window is complete (no imputation: no query term matched)."""
+    from kb_assets.config import QuerySettings
+    from kb_assets.query.engine import _DocHit, _fuse
+
+    s = QuerySettings(candidate_window=10, document_window=5, rrf_k=60)
+    chans = ["vector", "document", "keyword"]
+
+    def hits():
+        out = {}
+        # 1: keyword only, first there; 2..6: vector + document at ranks 1..5, keyword absent
+        a = out[1] = _DocHit(1, "doc")
+        a.kw = [(9.0, 100)]
+        for i in range(2, 7):
+            h = out[i] = _DocHit(i, "doc")
+            h.vec, h.d_sim = [(1.0 - i / 10, 10 * i)], 1.0 - i / 10
+        return out
+
+    off = _fuse(hits(), chans, s, Tuning(impute_rank="off"))
+    assert [h.doc_id for h in off][-1] == 1                       # one channel of three: below every two-channel one
+    win = _fuse(hits(), chans, s, Tuning(impute_rank="window"), truncated={"keyword": True})
+    one = next(h for h in win if h.doc_id == 1)
+    assert one.score == pytest.approx((1 / 61 + 1 / 71 + 1 / 66) * 61 / 3)   # vector 10 + 1, document 5 + 1
+    assert one.v_rank is None and one.d_rank is None              # the gate's ranks stay as they were
+    assert [h.doc_id for h in win][0] == 1
+    listed = _fuse(hits(), chans, s, Tuning(impute_rank="listed"), truncated={"keyword": True})
+    assert next(h for h in listed if h.doc_id == 1).score == pytest.approx((1 / 61 + 1 / 66 + 1 / 66) * 61 / 3)
+    two = next(h for h in listed if h.doc_id == 2)              # keyword: one document listed -> rank 2
+    assert two.score == pytest.approx((1 / 61 + 1 / 61 + 1 / 62) * 61 / 3)
+    # the keyword channel returned less than its window: a document absent there gets nothing
+    full = _fuse(hits(), chans, s, Tuning(impute_rank="listed"), truncated={"keyword": False})
+    assert next(h for h in full if h.doc_id == 2).score == pytest.approx((1 / 61 + 1 / 61) * 61 / 3)
+    # only the channels named
+    dense = _fuse(hits(), chans, s, Tuning(impute_rank="window", impute_channels=("vector", "document")),
+                  truncated={"keyword": True})
+    assert next(h for h in dense if h.doc_id == 2).score == pytest.approx((1 / 61 + 1 / 61) * 61 / 3)
+    with pytest.raises(ValueError):
+        _fuse(hits(), chans, s, Tuning(impute_rank="sometimes"))
+
+
 def test_bm25_term_frequency_modes(conn):
     """Tuning.bm25_tf: "chunks" counts the chunks holding a term, "occurrences" its occurrences in the whole
     document (ts_rank_cd of the one-lexeme query, every position weighted 1)."""

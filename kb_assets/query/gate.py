@@ -57,6 +57,7 @@ NULL_QUANTILE = 0.75                 # of the probes' best similarities (a few p
 ON_TOPIC_ABOVE_NULL = 0.05           # all-MiniLM-L6-v2; joint choice over four sets (bench/gate_study.py)
 CLEARLY_ON_TOPIC_ABOVE_NULL = 0.20
 KEYWORD_TOP_KEPT = 50
+WEAK_KEYWORD_TOP_KEPT = 2            # with Tuning.gate_weak_margin: BM25's first documents of a weak query
 
 _null_cache: dict[tuple, float] = {}           # (database dsn, table, chunks, model) -> level
 _null_by_conn: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # the same, without reading the dsn
@@ -167,11 +168,17 @@ def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings, tu
     margin = settings.similarity_margin
     t_sim = t_cov = float("inf")
     best = 0.0
+    weak_margin = getattr(tuning, "gate_weak_margin", None) if null is not None else None
     if vec_on:
         best = max(h.similarity for h in ranked)
         t_sim = max(floor, min(best - margin, floor + SURE_SIMILARITY_ABOVE_FLOOR))
-        if tuning is not None and tuning.gate_strong_floor and best >= floor + SURE_SIMILARITY_ABOVE_FLOOR:
+        strong = floor + SURE_SIMILARITY_ABOVE_FLOOR
+        if weak_margin is not None:           # "clearly similar" measured against this index's background too
+            strong = max(strong, null + CLEARLY_ON_TOPIC_ABOVE_NULL)
+        if tuning is not None and tuning.gate_strong_floor and best >= strong:
             t_sim = floor
+        elif weak_margin is not None:         # a query barely above the background: only what is near its best
+            t_sim = max(floor, best - weak_margin)
     if kw_on:
         best_cov = max(h.coverage for h in ranked)
         if vec_on:
@@ -184,6 +191,10 @@ def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings, tu
             t_sim = float("inf")                     # not about this index: exact-term matches only
         elif best >= null + CLEARLY_ON_TOPIC_ABOVE_NULL:
             k_top = min(KEYWORD_TOP_KEPT, n_docs // 10)
+        elif weak_margin is not None and best >= null + ON_TOPIC_ABOVE_NULL:
+            # on-topic but not clearly: the near-best results above, and BM25's first two (a gold document
+            # the model ranks 0.07-0.09 below the best, BM25 first or second: click-15/-20, whatsnew-3.4-139)
+            k_top = min(WEAK_KEYWORD_TOP_KEPT, n_docs // 10)
     return [h for h in ranked
             if (vec_on and (h.vec or h.d_sim is not None) and h.similarity >= t_sim)
             or (kw_on and h.kw and (h.coverage >= t_cov or (h.k_rank is not None and h.k_rank <= k_top)))]
