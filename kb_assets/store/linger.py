@@ -116,12 +116,22 @@ def _main(pgdata: Path, seconds: int) -> None:
         return                      # another linger process won the race
     import signal
 
-    # SIGTERM (a shutdown, `kill`) ends the wait like the idle timeout, so atexit still stops the server
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    state = {"joined": False, "term": False}
+
+    def on_term(*_):
+        # SIGTERM (a shutdown, `kill`) ends the wait like the idle timeout, so atexit still stops the server.
+        # One that comes while the server is being joined waits for the handle: exiting before it is held
+        # left the server up with no process to stop it (seen under load in test_store_linger).
+        if state["joined"]:
+            sys.exit(0)
+        state["term"] = True
+
+    signal.signal(signal.SIGTERM, on_term)
     stamp.write_text(f"{os.getpid()}\n")
     server = pgserver.get_server(pgdata, cleanup_mode="stop")   # joins the running server (or starts it)
+    state["joined"] = True
     try:
-        while True:
+        while not state["term"]:
             try:
                 idle = time.time() - stamp.stat().st_mtime
             except OSError:
