@@ -119,8 +119,9 @@ class Tuning:
     # Relevance gate, weak queries (with the index's null level, query/gate.py): a query whose best similarity
     # is below null + CLEARLY_ON_TOPIC_ABOVE_NULL keeps only results within gate_weak_margin of its best (and
     # the strong floor above needs that level too). None: off (the margin rule above applies).
-    # 0.05 since 2026-12-03 (docs/QUALITY.md, "Sixth pass"): PEPs off-topic results 73 -> 22 with no Recall@100 cost.
-    gate_weak_margin: float | None = 0.05
+    # Off by default: 0.05 took the PEPs' off-topic results 73 -> 22 with no Recall@100 cost there, but on the full
+    # rust_rfcs set (648 RFCs) it cost gate-on Recall@100 0.989 -> 0.907 (limit: 0.01); docs/QUALITY.md, "Sixth pass".
+    gate_weak_margin: float | None = None
     # exact vector scan (instead of HNSW) when filters leave at most this many chunks
     exact_scan_chunks: int = 20000
     # Relevance gate (settings min_similarity / min_keyword_coverage): `gate=False` turns it off (evaluation),
