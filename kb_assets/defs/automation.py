@@ -136,7 +136,7 @@ def kb_direct_runs(context: dg.SensorEvaluationContext):
 def direct_run_events(rows, partitions: set[str]) -> list:
     """The asset materializations and check evaluations of stored direct runs (sources that are no longer
     partitions are left out: Dagster would refuse their partition)."""
-    from kb_assets.defs.checks import check_metadata
+    from kb_assets.defs.checks import check_metadata, json_metadata
     from kb_assets.store.checks import CheckOutcome
 
     events = []
@@ -148,8 +148,7 @@ def direct_run_events(rows, partitions: set[str]) -> list:
             events.append(dg.AssetMaterialization(
                 asset_key=asset, partition=source, tags=tags,
                 description=f"kb index without a Dagster run (direct run {run_id}, finished {finished_at:%Y-%m-%d %H:%M:%S %Z})",
-                metadata={k: dg.MetadataValue.json(v) if isinstance(v, (dict, list)) else v
-                          for k, v in meta.items() if v is not None}))
+                metadata=json_metadata({k: v for k, v in meta.items() if v is not None})))
         for c in map(CheckOutcome.from_json, checks):
             events.append(dg.AssetCheckEvaluation(
                 asset_key=dg.AssetKey(c.asset), check_name=c.name, passed=c.passed, partition=source,

@@ -9,10 +9,14 @@ from kb_assets.store import checks
 from kb_assets.store.checks import SIGNPOST_FAILURE_RATE_LIMIT
 
 
+def json_metadata(values: dict) -> dict:
+    """Plain values as Dagster metadata: lists and dicts as JSON."""
+    return {k: dg.MetadataValue.json(v) if isinstance(v, (dict, list)) else v for k, v in values.items()}
+
+
 def check_metadata(outcome) -> dict:
     """A core CheckOutcome's metadata for Dagster: lists and dicts as JSON, tables as markdown."""
-    metadata = {k: dg.MetadataValue.json(v) if isinstance(v, (dict, list)) else v
-                for k, v in outcome.metadata.items()}
+    metadata = json_metadata(outcome.metadata)
     metadata.update({k: _md_table(rows, cols) for k, (rows, cols) in outcome.tables.items()})
     return metadata
 

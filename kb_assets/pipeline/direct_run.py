@@ -14,7 +14,6 @@ check evaluations (defs/automation.py), so the UI's partitions and checks show t
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
@@ -43,7 +42,6 @@ class DirectRun:
     started_at: datetime
     assets: dict[str, dict] = field(default_factory=dict)     # asset name -> metadata (plain values)
     checks: list[CheckOutcome] = field(default_factory=list)
-    seconds: float = 0.0
 
 
 def why_not_direct(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig,
@@ -89,10 +87,12 @@ def _changed_files(conn, cfg, source, state, before) -> tuple[int | None, int]:
     listing = state.listing
     if listing is None:
         return None, 0
+    from kb_assets.pipeline.documents import _file_of
+
     stored: dict[str, str | None] = {}
     for path, sig in conn.execute(
             "SELECT path, file_sig FROM documents WHERE source_key = %s AND status <> 'deleted'", (source.key,)):
-        stored.setdefault(path.split("#", 1)[0], sig)
+        stored.setdefault(_file_of(path), sig)
     listed = {e.path: e.sig for e in listing.files}
     changed = sum(1 for p, sig in listed.items() if stored.get(p) != sig)
     skips = {s.path for s in listing.skips}
@@ -109,7 +109,6 @@ def run_source(cfg: KbConfig, key: str, *, progress: Progress = null_progress) -
 
     run_stage = partial(guard.run_stage, cfg)
     out = DirectRun(key, datetime.now(timezone.utc))
-    started = time.perf_counter()
     embedder, signposter = make_embedder(cfg), make_signposter(cfg)
 
     docs, skipped = stages.documents(cfg, key, run_stage, progress)
@@ -159,7 +158,6 @@ def run_source(cfg: KbConfig, key: str, *, progress: Progress = null_progress) -
     out.assets["kb_projections"] = {k: v for k, v in proj.value.as_metadata().items()
                                     if k not in ("written", "removed")}
     out.checks = found.value
-    out.seconds = round(time.perf_counter() - started, 3)
     return out
 
 
