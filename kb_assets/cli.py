@@ -50,6 +50,10 @@ class _RichProgress:
     def start(self, label, total=None):
         self._task = self._p.add_task(label, total=total)
 
+    def beside(self):
+        """Another bar on the same display, for a stage running beside this one."""
+        return _RichProgress(self._p)
+
     def advance(self, n=1):
         if self._task is not None:
             self._p.advance(self._task, n)
@@ -59,6 +63,8 @@ class _RichProgress:
             task = self._p.tasks[[t.id for t in self._p.tasks].index(self._task)]
             if task.total is not None:
                 self._p.update(self._task, completed=task.total)
+            else:       # counted as it went (a stage beside another): the bar ends full
+                self._p.update(self._task, total=task.completed)
             self._task = None
 
 

@@ -140,13 +140,13 @@ def test_a_stop_abandons_the_call_in_flight_and_a_rerun_embeds_only_the_rest(con
         cancel.reset()
     table = spaces.space_table(conn, stopping.model, stopping.dimension)
     written = 100 - count_missing(conn, table)
-    # batches 1-2 written (their calls finished); call 3 was in flight when the stop came: abandoned
-    assert written == 20
+    # calls 1-2 (half a batch each) written; call 3 was in flight when the stop came: abandoned
+    assert written == 10
     again = FixedCostEmbedder(0.0)
     stats = embed_source(conn, again, source_key="s", batch_rows=10)
-    assert stats.missing_after == 0 and again.texts_embedded == 80
-    # work paid twice: the abandoned call only (one batch)
-    assert stopping.texts_embedded + again.texts_embedded - 100 <= 10
+    assert stats.missing_after == 0 and again.texts_embedded == 90
+    # work paid twice: the abandoned call only (half a batch)
+    assert stopping.texts_embedded + again.texts_embedded - 100 <= 5
 
 
 class _DropsConnection(FixedCostEmbedder):
@@ -213,15 +213,17 @@ class _SeesCommitted(FixedCostEmbedder):
         return super().embed_documents(texts)
 
 
-def test_the_next_model_call_starts_only_once_the_previous_batch_committed(db_url, monkeypatch):
-    """Issue 12: kill -9 at any instant redoes at most one batch. Before, batch N+1's call ran while batch N was
-    being written, so a kill then lost both; now each call starts once every earlier batch is committed."""
+def test_model_work_not_yet_committed_never_exceeds_one_batch(db_url, monkeypatch):
+    """Issue 12: kill -9 at any instant redoes at most one batch (`batch_rows` texts). The model is called on half a
+    batch at a time and the write of one half overlaps the call on the next (the model never waits for the
+    database), so when a call starts, every part but the one before it is committed: what a kill can lose is
+    that part and the call in flight, one batch. (Whole batches overlapped that way lost two.)"""
     from kb_assets.pipeline import embeddings as emb_mod
 
     real_write = emb_mod._write_batch
 
     def slow_write(*args, **kwargs):
-        time.sleep(0.2)         # a call started before this write (the overlapped order) sees it uncommitted
+        time.sleep(0.2)         # the next call starts while this write runs: it sees this part uncommitted
         return real_write(*args, **kwargs)
 
     monkeypatch.setattr(emb_mod, "_write_batch", slow_write)
@@ -232,8 +234,11 @@ def test_the_next_model_call_starts_only_once_the_previous_batch_committed(db_ur
         embedder.table = spaces.ensure_space(conn, embedder.model, embedder.dimension)
         conn.commit()
         stats = emb_mod.embed_source(conn, embedder, source_key="s", batch_rows=10)
-    assert stats.chunks_embedded == 50 and stats.batches == 5
-    assert embedder.committed_at_call == [0, 10, 20, 30, 40]
+    assert stats.chunks_embedded == 50 and stats.batches == 10
+    # at the start of call k: 5 * k texts sent before, 5 now; at most 10 of them uncommitted
+    uncommitted = [5 * k + 5 - committed for k, committed in enumerate(embedder.committed_at_call)]
+    assert max(uncommitted) == 10, uncommitted      # the write overlapped the next call ...
+    assert embedder.committed_at_call[2:] == [5 * (k - 1) for k in range(2, 10)]   # ... and never more
 
 
 # ---------------------------------------------------------------- database loss

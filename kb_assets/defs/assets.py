@@ -7,6 +7,7 @@ import dagster as dg
 from kb_assets.defs.partitions import sources_partitions
 from kb_assets.defs.resources import KbResource
 from kb_assets.pipeline import stages
+from kb_assets.pipeline.progress import beside as progress_beside
 from kb_assets.pipeline.progress import current as current_progress
 
 GROUP = "kb"
@@ -64,29 +65,13 @@ def kb_documents(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Materi
     })
 
 
-@dg.asset(
-    partitions_def=sources_partitions,
-    group_name=GROUP,
-    kinds={"python", "postgres"},
-    deps=[kb_documents],
-    description="Chunks cut on natural boundaries (headings, paragraphs, turns, definitions), token-bounded.",
-)
-def kb_chunks(context: dg.AssetExecutionContext, kb: KbResource) -> dg.MaterializeResult:
-    key = context.partition_key
-    embedder = kb.embedder()  # only its tokenizer is used here: the model is not loaded (or warms up)
-    stats = stages.chunks(key, embedder, kb.run_stage, current_progress())
-    return dg.MaterializeResult(metadata={
-        "documents_chunked": stats.documents_chunked, "chunks_written": stats.chunks_written,
-        "chunks_removed": stats.chunks_removed, "chunks_total": stats.chunks_total, "errors": stats.errors,
-        "seconds": stats.seconds,
-    })
-
-
-# The embedding and signposts stages are one step (a multi-asset of two assets): Dagster runs a run's steps
-# one after another in process (`kb index`: execute_in_process ignores the job's executor), and the two need
-# nothing of each other, so the step runs them side by side, each on its own connection; the embedding stage
-# mostly waits on its model, the signposts stage is Python work (docs/BENCHMARKS.md, "Signposts beside
-# embeddings"). Selected alone (the UI, a subset job) each runs alone, as before.
+# The chunk, embedding and signposts stages are one step (a multi-asset of three assets): Dagster runs a run's
+# steps one after another in process (`kb index`: execute_in_process ignores the job's executor), so the step runs
+# them side by side itself, each on its own connection. On a first load the embedding stage embeds chunks as the
+# chunk stage commits them; otherwise it starts when the chunk stage ends. The signposts stage needs only the
+# documents: it runs beside both (docs/BENCHMARKS.md, "Signposts beside embeddings", "Embeddings beside
+# chunking"). Selected alone (the UI, a subset job) each runs alone, as before.
+kb_chunks = dg.AssetKey("kb_chunks")
 kb_embeddings = dg.AssetKey("kb_embeddings")
 kb_signposts = dg.AssetKey("kb_signposts")
 
@@ -109,8 +94,21 @@ _SIGNPOSTER_KIND, _EMBEDDER_KIND = _configured_kinds()
 _STEP_POOL = "llm_api" if _SIGNPOSTER_KIND == "gemini" and _EMBEDDER_KIND != "voyage" else "embedding_api"
 
 
-def _materialize_embeddings(kb: KbResource, key: str) -> dg.MaterializeResult:
-    stats = stages.embeddings(kb.config, key, kb.embedder(), kb.run_stage, current_progress())
+def _materialize_chunks(kb: KbResource, key: str, *, warm_up: bool | None = None,
+                        beside: stages.ChunkingBeside | None = None) -> dg.MaterializeResult:
+    embedder = kb.embedder()  # only its tokenizer is used here: the model is not loaded (or warms up)
+    stats = stages.chunks(key, embedder, kb.run_stage, current_progress(), warm_up=warm_up, beside=beside)
+    return dg.MaterializeResult(asset_key=kb_chunks, metadata={
+        "documents_chunked": stats.documents_chunked, "chunks_written": stats.chunks_written,
+        "chunks_removed": stats.chunks_removed, "chunks_total": stats.chunks_total, "errors": stats.errors,
+        "seconds": stats.seconds,
+    })
+
+
+def _materialize_embeddings(kb: KbResource, key: str, *,
+                            beside: stages.ChunkingBeside | None = None) -> dg.MaterializeResult:
+    progress = current_progress() if beside is None else progress_beside(current_progress())
+    stats = stages.embeddings(kb.config, key, kb.embedder(), kb.run_stage, progress, beside=beside)
     cost = 0.0
     if kb.config.embedder == "voyage":
         cost = stats.tokens / 1e6 * kb.config.voyage.price_per_million_tokens
@@ -140,11 +138,13 @@ def _materialize_signposts(kb: KbResource, key: str) -> dg.MaterializeResult:
 
 
 @dg.multi_asset(
-    name="kb_embeddings_and_signposts",
+    name="kb_chunks_embeddings_and_signposts",
     partitions_def=sources_partitions,
     group_name=GROUP,
     can_subset=True,
     specs=[
+        dg.AssetSpec(kb_chunks, deps=[kb_documents], kinds={"python", "postgres"}, description=(
+            "Chunks cut on natural boundaries (headings, paragraphs, turns, definitions), token-bounded.")),
         dg.AssetSpec(kb_embeddings, deps=[kb_chunks], kinds={"python", "pgvector"}, description=(
             "A vector for every chunk hash in the active (model, dimension) space; pay once per hash.")),
         dg.AssetSpec(kb_signposts, deps=[kb_documents], kinds={"python", _SIGNPOSTER_KIND}, description=(
@@ -152,30 +152,62 @@ def _materialize_signposts(kb: KbResource, key: str) -> dg.MaterializeResult:
             "functions).")),
     ],
     pool=_STEP_POOL,
-    # a retry re-runs the step: committed vectors and current signposts are found again, not redone
+    # a retry re-runs the step: committed chunks, vectors and current signposts are found again, not redone
     retry_policy=dg.RetryPolicy(max_retries=2, delay=60 if _SIGNPOSTER_KIND == "gemini" else 30,
                                 backoff=dg.Backoff.EXPONENTIAL),
-    description="The embedding and signposts stages of a source, side by side when both are selected.",
+    description="The chunk, embedding and signposts stages of a source, side by side when selected together.",
 )
-def kb_embeddings_and_signposts(context: dg.AssetExecutionContext, kb: KbResource):
+def kb_chunks_embeddings_and_signposts(context: dg.AssetExecutionContext, kb: KbResource):
     key = context.partition_key
     selected = context.selected_asset_keys
-    if selected == {kb_embeddings}:
-        yield _materialize_embeddings(kb, key)
+    if len(selected) == 1:
+        (only,) = selected
+        if only == kb_chunks:
+            yield _materialize_chunks(kb, key)
+        elif only == kb_embeddings:
+            yield _materialize_embeddings(kb, key)
+        else:
+            yield _materialize_signposts(kb, key)
         return
-    if selected == {kb_signposts}:
-        yield _materialize_signposts(kb, key)
-        return
-    from kb_assets.pipeline.side_by_side import run_side_by_side
+    from kb_assets.pipeline.side_by_side import run_together
 
-    # the embedding stage here (its progress bar, its signal handling as before), the signposts beside it
-    embeddings, signposts, error = run_side_by_side(lambda: _materialize_embeddings(kb, key),
-                                                    lambda: _materialize_signposts(kb, key),
-                                                    thread_name=f"kb_signposts[{key}]")
-    # what one stage finished is reported even when the other failed: its work is committed
-    for outcome in (signposts, embeddings):
-        if outcome.done:
-            yield outcome.value
+    results: dict[dg.AssetKey, dg.MaterializeResult] = {}
+
+    def run(asset: dg.AssetKey, materialize):
+        def call():
+            results[asset] = materialize()
+        return call
+
+    # the chunk stage here (its progress bar, its signal handling), the embedding stage beside it, following it;
+    # the signposts beside the stage here, or after the chunk stage when the embedding stage follows it (with
+    # the cut and the model's load at once they compete for the interpreter: measured slower)
+    chunking = stages.ChunkingBeside() if {kb_chunks, kb_embeddings} <= selected else None
+    here_jobs, besides = [], []
+    if kb_chunks in selected:
+        here_jobs.append(run(kb_chunks, lambda: _materialize_chunks(kb, key, warm_up=chunking is not None,
+                                                                    beside=chunking)))
+    if kb_embeddings in selected:
+        embed = run(kb_embeddings, lambda: _materialize_embeddings(kb, key, beside=chunking))
+        if chunking is None:
+            here_jobs.append(embed)
+        else:
+            besides.append((f"kb_embeddings[{key}]", embed))
+    if kb_signposts in selected:
+        signposts = run(kb_signposts, lambda: _materialize_signposts(kb, key))
+        if chunking is None:
+            besides.append((f"kb_signposts[{key}]", signposts))
+        else:
+            here_jobs.append(signposts)
+
+    def here():
+        for job in here_jobs:
+            job()
+
+    _, _, error = run_together(here, besides)
+    # what one stage finished is reported even when another failed: its work is committed
+    for asset in (kb_chunks, kb_embeddings, kb_signposts):
+        if asset in results:
+            yield results[asset]
     if error is not None:
         raise error
 

@@ -52,12 +52,13 @@ class SourceRun:
 
 
 def run_embeddings_stage(conn, embedder, source_key: str | None, *, batch_rows: int = 500,
-                         progress: Progress = null_progress, max_batches: int | None = None) -> EmbedStats:
+                         progress: Progress = null_progress, max_batches: int | None = None,
+                         chunking_done=None) -> EmbedStats:
     """Embed what is missing and drop vectors nothing uses (the search-index stage then activates the space)."""
     from kb_assets.pipeline.embeddings import embed_source, remove_orphan_vectors
 
     stats = embed_source(conn, embedder, source_key=source_key, batch_rows=batch_rows, progress=progress,
-                         max_batches=max_batches)
+                         max_batches=max_batches, chunking_done=chunking_done)
     if stats.missing_after == 0:
         started = time.perf_counter()
         stats.orphans_removed = remove_orphan_vectors(conn)

@@ -9,6 +9,7 @@ fresh connection (pipeline/guard.py), so a database restart costs no model call.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import asdict, dataclass
 
@@ -85,14 +86,16 @@ def _texts(rows) -> list[str]:
 # call returns, emptied as its batch commits. When the connection drops mid-stage (a database restart),
 # guard.run_stage re-runs the stage on a fresh connection in this same process: the missing-hash query then
 # returns the same hashes, and their vectors come from here instead of the model (issue 12: a restart used
-# to redo the batch being written and the call in flight). Bounded: at most one batch is uncommitted (two under the overlapped what-if).
+# to redo the batch being written and the call in flight). Bounded: at most one batch is uncommitted (two halves).
 _uncommitted: dict[tuple[str, int], dict[str, np.ndarray]] = {}
 
-# The next model call starts only once the previous batch has committed, so a kill -9 at any instant loses at
-# most one batch of model work (issue 12): the batch being written, or the call in flight, never both. The
-# write no longer overlaps a call: ~0.1 s per 500-row batch against ~15-20 s of local-model work for it
-# (docs/RELIABILITY.md, "work redone after kill -9"). False: the older overlapped order (bench what-if).
-WRITE_BEFORE_NEXT_CALL = True
+# A kill -9 at any instant loses at most one batch (`embed_batch_rows` texts) of model work (issue 12). The
+# model is called on half a batch at a time and the write of one half overlaps the call on the next, so what a
+# kill can lose is the half being written and the half in flight: one batch, and the model never waits for the
+# database (a write took ~0.1 s per 500 rows, 11 s of a 3,000-document first load's critical path; docs/
+# BENCHMARKS.md, "Embeddings beside chunking"). True: the call of batch N+1 starts only once batch N has
+# committed, whole batches (the order from issue 12 until 2026-12-03; docs/RELIABILITY.md).
+WRITE_BEFORE_NEXT_CALL = False
 
 
 def _embed_with_carry(embedder, rows: list, carry: dict[str, np.ndarray]):
@@ -131,14 +134,24 @@ def _keep_call_in_flight(call, rows: list, carry: dict[str, np.ndarray]) -> None
         pass
 
 
+# While following the chunk stage: how long to wait before looking again for a full batch
+FOLLOW_POLL = 0.25
+
+
 def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, batch_rows: int = 500,
-                 progress: Progress = null_progress, max_batches: int | None = None) -> EmbedStats:
+                 progress: Progress = null_progress, max_batches: int | None = None,
+                 chunking_done: threading.Event | None = None) -> EmbedStats:
     """Embed the chunk hashes of a source (or of every source) that have no vector yet.
 
-    The model call of batch N runs in a worker thread while this thread reads batch N+1; batch N is written
-    and committed before the call of batch N+1 starts (WRITE_BEFORE_NEXT_CALL), so a crash loses at most one
-    batch of model work, never a committed batch. `max_batches` stops early (the kill-and-resume test
+    The model call of part N (half a batch) runs in a worker thread while this thread reads part N+1; part N is
+    written and committed while the call of part N+1 runs (WRITE_BEFORE_NEXT_CALL), so a crash loses at most one
+    batch of model work, never a committed part. `max_batches` stops early (the kill-and-resume test
     simulates an interrupted run with it).
+
+    `chunking_done`: the chunk stage runs beside this one (a first load, pipeline/stages.py) and sets it when
+    it has finished. Until then only full batches are embedded, and a pass that runs out of missing hashes
+    starts again from the first one (new chunks land at every hash); once it is set, a last pass from the
+    first hash takes what is left, as a stage run after the chunk stage would.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -152,28 +165,50 @@ def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, 
             stats.vector_index_dropped = spaces.drop_vector_index(conn, table)
             log.info("%s: %d vectors to load into %d: HNSW index dropped, rebuilt by the search-index stage",
                      table, missing, rows_now)
-    progress.start(f"{source_key or 'all'}: embedding", total=missing)
+    follow = chunking_done is not None
+    progress.start(f"{source_key or 'all'}: embedding" + (" (beside chunking)" if follow else ""),
+                   total=None if follow else missing)
     # Consistent but not durable to the last millisecond: a server crash can lose the newest batches, which
     # the next run re-embeds; it never leaves a half-written batch. Saves a WAL flush per batch.
     conn.execute("SET synchronous_commit = off")
-    missing_query = _missing_query(table, source_key, batch_rows)
+    call_rows = batch_rows if WRITE_BEFORE_NEXT_CALL else max(1, batch_rows // 2)
+    missing_query = _missing_query(table, source_key, call_rows)
 
     fetched = 0
+    last_pass = False        # following: this pass began after the chunk stage had finished
 
     def next_rows(after: str) -> list:
         nonlocal fetched
-        if not missing or (max_batches is not None and fetched >= max_batches):
+        if max_batches is not None and fetched >= max_batches:
             return []
-        fetched += 1
+        if not follow and not missing:
+            return []
+        finished = follow and chunking_done.is_set()
         # keyset pagination: batch N+1 can be read before batch N is written (its hashes are all greater)
-        return conn.execute(missing_query, (after, after)).fetchall()
+        rows = conn.execute(missing_query, (after, after)).fetchall()
+        if follow and not finished and len(rows) < call_rows:
+            return []        # following: the pass ends here; its part batch waits for the next pass
+        fetched += 1 if rows else 0
+        return rows
+
+    def next_pass() -> list:
+        """Following, with no call in flight: a pass from the first missing hash, once a full batch is there
+        or the chunk stage has finished ([] when it has and nothing is missing)."""
+        nonlocal last_pass
+        while True:
+            last_pass = chunking_done.is_set()
+            rows = next_rows("")
+            if rows or last_pass or (max_batches is not None and fetched >= max_batches):
+                return rows
+            cancel.check()
+            chunking_done.wait(FOLLOW_POLL)     # woken at once when the chunk stage ends
 
     carry = _uncommitted.setdefault((embedder.model, embedder.dimension), {})
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-embed")
     cancelled = False
     call, in_flight = None, []
     try:
-        rows = next_rows("")
+        rows = next_pass() if follow else next_rows("")
         call, in_flight = (pool.submit(_embed_with_carry, embedder, rows, carry), rows) if rows else (None, [])
         while rows:
             cancel.check()
@@ -193,6 +228,10 @@ def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, 
             stats.tokens += int(getattr(result, "tokens", 0) or 0)
             progress.advance(len(rows))
             rows = following
+            if not rows and follow and not last_pass:
+                rows = next_pass()              # nothing in flight: chunks written meanwhile come next
+                if rows:
+                    call, in_flight = pool.submit(_embed_with_carry, embedder, rows, carry), rows
     except cancel.Cancelled:
         cancelled = True      # the call in flight is abandoned: its result is never written
         raise

@@ -38,7 +38,7 @@ def run_stage(cfg, source_key: str | None, fn: Callable[..., T], *, lock: bool =
     try:
         with cancel.quiet_signals():
             url, origin = database_origin(cfg)
-            return retry_call(attempt, url=url, origin=origin,
+            return retry_call(attempt, url=url, origin=origin, what=stage,
                               # the database stayed away for a stage already: the next ones try once
                               budget=0.0 if _last_unreachable else cfg_retry_seconds(cfg))
     except DatabaseUnreachable as exc:

@@ -26,6 +26,13 @@ null_progress: Progress = _NullProgress()
 _current: Progress = null_progress
 
 
+def beside(progress: Progress) -> Progress:
+    """A progress of its own for a stage running beside another (two bars at once): the display's `beside()`
+    when it has one, else nothing (one display cannot show two stages)."""
+    make = getattr(progress, "beside", None)
+    return make() if callable(make) else null_progress
+
+
 def set_current(progress: Progress | None) -> None:
     """The CLI registers its display here; assets running in the same process report to it."""
     global _current

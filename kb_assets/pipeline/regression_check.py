@@ -23,13 +23,17 @@ CHECK_NAME = "recall_regression_set"
 class CachedQueryEmbedder:
     """An embedder's `embed_query`, memoised in the `query_vectors` table of the connection's schema.
 
-    `embedded` counts the texts that really went to the embedder (0 once the cache holds the query set)."""
+    `embedded` counts the texts that really went to the embedder (0 once the cache holds the query set).
+    recall() calls embed_query in a thread of its own while it searches on the connection, so new vectors are
+    kept in memory and written by save(), in the caller's thread: the connection is never used by two threads
+    at once (it was: "cannot enter pipeline mode, connection not idle", a retried check)."""
 
     def __init__(self, conn, embedder):
         self.conn, self.inner = conn, embedder
         self.model, self.dimension = embedder.model, int(embedder.dimension)
         self.embedded = 0
         self._memo: dict[str, list[float]] = {}
+        self._new: dict[str, list[float]] = {}
 
     def preload(self, texts: list[str]) -> int:
         """Read the cached vectors of `texts` in one query; returns how many were found."""
@@ -46,11 +50,18 @@ class CachedQueryEmbedder:
         if vec is None:
             vec = [float(x) for x in np.asarray(self.inner.embed_query(text), dtype=np.float32)]
             self.embedded += 1
-            self.conn.execute(
-                "INSERT INTO query_vectors (model, dimension, text_md5, embedding) VALUES (%s, %s, %s::uuid, %s)"
-                " ON CONFLICT DO NOTHING", (self.model, self.dimension, _md5(text), vec))
-            self._memo[text] = vec
+            self._memo[text] = self._new[text] = vec
         return vec
+
+    def save(self) -> int:
+        """Write the vectors embedded since the last save (on the connection's own thread); returns how many."""
+        new, self._new = self._new, {}
+        if new:
+            with self.conn.transaction(), self.conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO query_vectors (model, dimension, text_md5, embedding) VALUES (%s, %s, %s::uuid, %s)"
+                    " ON CONFLICT DO NOTHING", [(self.model, self.dimension, _md5(t), v) for t, v in new.items()])
+        return len(new)
 
 
 def _md5(text: str) -> str:
@@ -116,6 +127,7 @@ def run_regression_check(cfg, embedder, *, k: int = 3, force: bool = False) -> d
         cached = CachedQueryEmbedder(conn, embedder)
         cached.preload([q["query"] for q in load_queries()])
         report = run_regression(conn, "regression", k=k, embedder=cached)
+        cached.save()
         conn.execute(
             "INSERT INTO check_results (name, fingerprint, result) VALUES (%s, %s, %s::jsonb)"
             " ON CONFLICT (name) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, result = EXCLUDED.result,"

@@ -30,10 +30,18 @@ def run_side_by_side(here: Callable[[], Any], beside: Callable[[], Any], *,
     Returns both outcomes and the error to fail with: the first one raised (the other stage, stopped because
     of it, ends with a Cancelled or whatever the caller turned it into, which is not the cause). A
     BaseException in this thread (an interrupt) stops the stage beside, waits for it, and propagates."""
+    mine, (theirs,), error = run_together(here, [(thread_name, beside)])
+    return mine, theirs, error
+
+
+def run_together(here: Callable[[], Any], besides: list[tuple[str, Callable[[], Any]]]
+                 ) -> tuple[Outcome, list[Outcome], BaseException | None]:
+    """run_side_by_side with any number of stages beside `here`, each in a thread named by its pair; one
+    failing stops all the others (one stop shared by all)."""
     stop = threading.Event()
     order_lock = threading.Lock()
     errors: list[BaseException] = []
-    mine, theirs = Outcome(), Outcome()
+    mine, theirs = Outcome(), [Outcome() for _ in besides]
 
     def call(fn: Callable[[], Any], out: Outcome) -> None:
         with cancel.stop_scope(stop, STOPPED_BESIDE):
@@ -45,12 +53,15 @@ def run_side_by_side(here: Callable[[], Any], beside: Callable[[], Any], *,
                     errors.append(exc)
                 stop.set()
 
-    thread = threading.Thread(target=call, args=(beside, theirs), name=thread_name, daemon=True)
-    thread.start()
+    threads = [threading.Thread(target=call, args=(fn, out), name=name, daemon=True)
+               for (name, fn), out in zip(besides, theirs)]
+    for thread in threads:
+        thread.start()
     try:
         call(here, mine)
     finally:
         if not mine.done:
-            stop.set()      # failed or interrupted here: the stage beside stops at its next batch
-        thread.join()
+            stop.set()      # failed or interrupted here: the stages beside stop at their next batch
+        for thread in threads:
+            thread.join()
     return mine, theirs, (errors[0] if errors else None)

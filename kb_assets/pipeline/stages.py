@@ -8,8 +8,10 @@ Dagster resource's, which turns a stop or a lost database into a Dagster failure
 """
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any, Callable
 
+from kb_assets.pipeline import cancel
 from kb_assets.pipeline.progress import Progress, null_progress, steps_share_process
 from kb_assets.store.status import record_run
 
@@ -43,31 +45,85 @@ def documents(cfg: KbConfig, key: str, run_stage: RunStage, progress: Progress =
     return run_stage(key, trace_as("kb_documents", stage))
 
 
-def chunks(key: str, embedder, run_stage: RunStage, progress: Progress = null_progress):
+class ChunkingBeside:
+    """What the chunk stage tells an embedding stage running beside it (one step, two threads): whether to follow
+    it (decided at its start, on its connection, before it writes a chunk) and when it has ended."""
+
+    def __init__(self) -> None:
+        self.decided = threading.Event()
+        self.follow = False
+        self.done = threading.Event()
+
+    def wait(self, event: threading.Event) -> None:
+        while not event.wait(0.25):
+            cancel.check()
+
+
+def chunks(key: str, embedder, run_stage: RunStage, progress: Progress = null_progress, *,
+           warm_up: bool | None = None, beside: ChunkingBeside | None = None):
+    """`warm_up`: load the model while this stage cuts, on a first load (the embedding stage runs in this process
+    next or beside); None: when the run's steps share this process (`kb index`). `beside`: an embedding stage
+    runs beside this one (embeddings(..., beside=)); told whether to follow, and when this stage ends."""
     from kb_assets.pipeline.chunks import chunk_source, first_load_ahead
 
+    warm = steps_share_process() if warm_up is None else warm_up
+
     def stage(conn):
-        # the model loads while this stage cuts: the embedding stage needs it next, in this process when the
-        # steps run in one (`kb index`); a step-per-process run would load it for nothing
-        if steps_share_process() and hasattr(embedder, "warm_up") and first_load_ahead(conn, key):
+        if beside is not None and not beside.decided.is_set():
+            beside.follow = follows_chunking(conn, key, embedder)
+            beside.decided.set()
+        # the model loads while this stage cuts: the embedding stage needs it next, in this process; a step
+        # of its own in another process would load it for nothing
+        if warm and hasattr(embedder, "warm_up") and first_load_ahead(conn, key):
             embedder.warm_up()
         stats = chunk_source(conn, key, max_tokens=embedder.max_tokens, count_tokens=embedder.count_tokens,
                              progress=progress)
         record_run(conn, key, "chunks", {"chunks": stats.as_metadata()})
         return stats
 
-    return run_stage(key, trace_as("kb_chunks", stage))
+    try:
+        return run_stage(key, trace_as("kb_chunks", stage))
+    finally:
+        if beside is not None:
+            beside.decided.set()
+            beside.done.set()
 
 
-def embeddings(cfg: KbConfig, key: str, embedder, run_stage: RunStage, progress: Progress = null_progress):
+def embeddings(cfg: KbConfig, key: str, embedder, run_stage: RunStage, progress: Progress = null_progress, *,
+               beside: ChunkingBeside | None = None):
+    """`beside`: this stage runs beside the chunk stage. When it follows (a first load into a space with no HNSW
+    index yet: follows_chunking) it embeds chunks as they are committed; otherwise it waits for the chunk stage
+    to end and runs as it would after it."""
     from kb_assets.pipeline import run_embeddings_stage
 
     def stage(conn):
-        stats = run_embeddings_stage(conn, embedder, key, batch_rows=cfg.embed_batch_rows, progress=progress)
+        follow = None
+        if beside is not None:
+            beside.wait(beside.decided)
+            if beside.follow:
+                follow = beside.done
+            else:
+                beside.wait(beside.done)
+        stats = run_embeddings_stage(conn, embedder, key, batch_rows=cfg.embed_batch_rows, progress=progress,
+                                     chunking_done=follow)
         record_run(conn, key, "embeddings", {"embeddings": stats.as_metadata()})
         return stats
 
     return run_stage(key, trace_as("kb_embeddings", stage))
+
+
+def follows_chunking(conn, key: str, embedder) -> bool:
+    """Whether the embedding stage embeds chunks while the chunk stage still writes them: on a first load (most of
+    the source never chunked), into a vector space without its HNSW index yet. Into an indexed space each vector
+    would go through the index (~10x a bulk build per vector: the stage drops the index only for a load it can
+    count, which a stage running beside the chunk stage cannot)."""
+    from kb_assets.pipeline.chunks import first_load_ahead
+    from kb_assets.store import spaces
+
+    if not first_load_ahead(conn, key):
+        return False
+    table = spaces.space_table(conn, embedder.model, embedder.dimension)
+    return table is None or not spaces.has_vector_index(conn, table)
 
 
 def signposts(cfg: KbConfig, key: str, signposter, run_stage: RunStage) -> dict:

@@ -28,6 +28,7 @@ DDL_LOCK_ID = 0x6B62_0004   # CREATE/DROP INDEX on a vector space, schema creati
 
 _held: dict[tuple[str, str], "_Held"] = {}
 _held_lock = threading.Lock()
+_taking: dict[tuple[str, str], threading.Lock] = {}    # per source: one thread of this process takes it at a time
 
 
 def source_lock_key(source_key: str) -> int:
@@ -92,8 +93,8 @@ def lock_holder(conn: psycopg.Connection, key: int) -> Holder | None:
 
 
 class _Held:
-    def __init__(self, conn: psycopg.Connection):
-        self.conn, self.depth = conn, 0
+    def __init__(self, conn: psycopg.Connection, key: int):
+        self.conn, self.key, self.depth = conn, key, 0
 
 
 @contextmanager
@@ -105,19 +106,31 @@ def source_lock(url: str, source_key: str, *, wait: bool = True, on_wait: Callab
     request). Re-entrant within the process."""
     ident = (url, source_key)
     with _held_lock:
+        taking = _taking.setdefault(ident, threading.Lock())
+    # one thread of this process takes the lock at a time; the others then re-enter it (two stages side by side
+    # would otherwise each open a session, and the second would wait for the first's for ever)
+    with taking:
+        held = _enter(ident) or _take(url, source_key, wait=wait, on_wait=on_wait, check=check, poll=poll,
+                                      connect_kwargs=connect_kwargs, retry_seconds=retry_seconds)
+        with _held_lock:
+            _held[ident] = held
+    try:
+        yield
+    finally:
+        _leave(ident, held)
+
+
+def _enter(ident: tuple[str, str]) -> "_Held | None":
+    with _held_lock:
         held = _held.get(ident)
         if held is not None and not held.conn.closed and not held.conn.broken:
             held.depth += 1
-        else:
-            held = None
-    if held is not None:
-        try:
-            yield
-        finally:
-            with _held_lock:
-                held.depth -= 1
-        return
+            return held
+    return None
 
+
+def _take(url: str, source_key: str, *, wait: bool, on_wait, check, poll: float, connect_kwargs: dict | None,
+          retry_seconds: float) -> "_Held":
     key = source_lock_key(source_key)
     from kb_assets.store.retry import retry_call
 
@@ -142,21 +155,30 @@ def source_lock(url: str, source_key: str, *, wait: bool = True, on_wait: Callab
             time.sleep(poll)
         # named from now: `since` is when the lock was taken, not when the wait began
         conn.execute("SELECT set_config('application_name', %s, false)", (_application_name(),))
-        held = _Held(conn)
-        held.depth = 1
-        with _held_lock:
-            _held[ident] = held
-        try:
-            yield
-        finally:
-            with _held_lock:
-                if _held.get(ident) is held:
-                    del _held[ident]
-            if not conn.closed and not conn.broken:
-                try:
-                    conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
-                except psycopg.Error:
-                    pass    # the session ends below: the server drops its locks with it
+    except BaseException:
+        conn.close()
+        raise
+    held = _Held(conn, key)
+    held.depth = 1
+    return held
+
+
+def _leave(ident: tuple[str, str], held: "_Held") -> None:
+    """One holder less; the last one out (in any thread: two stages side by side may end in either order)
+    releases the lock and closes its session."""
+    with _held_lock:
+        held.depth -= 1
+        if held.depth > 0:
+            return
+        if _held.get(ident) is held:
+            del _held[ident]
+    conn = held.conn
+    try:
+        if not conn.closed and not conn.broken:
+            try:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (held.key,))
+            except psycopg.Error:
+                pass    # the session ends below: the server drops its locks with it
     finally:
         conn.close()
 

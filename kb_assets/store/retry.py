@@ -8,6 +8,7 @@ unknown database is a configuration mistake, not an outage: it is not retried.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from typing import Callable, TypeVar
@@ -77,7 +78,7 @@ def is_transient(exc: BaseException) -> bool:
 
 def retry_call(fn: Callable[[], T], *, url: str, budget: float = DEFAULT_RETRY_SECONDS, origin: str = "",
                on_retry: Callable[[BaseException, float], None] | None = None,
-               transient: Callable[[BaseException], bool] = is_transient) -> T:
+               transient: Callable[[BaseException], bool] = is_transient, what: str = "") -> T:
     """Call fn until it returns, retrying transient database errors with backoff; after `budget` seconds of
     failures (counted from the first failure, not from the start: a long stage may fail late) raise
     DatabaseUnreachable. Other errors propagate at once."""
@@ -95,7 +96,11 @@ def retry_call(fn: Callable[[], T], *, url: str, budget: float = DEFAULT_RETRY_S
         waited = time.monotonic() - first_failure[0]
         # one line per outage, not one per attempt
         log.log(logging.WARNING if state.attempt_number == 1 else logging.DEBUG,
-                "database error (%s); retrying for up to %.0f s", first_line(exc), max(0.0, budget - waited))
+                "%sdatabase error (%s); retrying for up to %.0f s", f"{what}: " if what else "", first_line(exc),
+                max(0.0, budget - waited))
+        # where it came from, for whoever turns on debug logging (KB_DEBUG_RETRIES=1 prints it)
+        log.log(logging.WARNING if os.environ.get("KB_DEBUG_RETRIES") else logging.DEBUG,
+                "the error that is retried", exc_info=exc)
         if on_retry is not None:
             on_retry(exc, waited)
 
