@@ -95,6 +95,7 @@ def capture(set_name: str, out: Path, tuning_fields: dict | None = None, modes=(
 def sim_gate(hits: list[dict], row: dict, **p) -> list[dict]:
     """query/gate.py's _gate over captured hits, with its constants as parameters (p); the defaults reproduce
     the shipped gate (checked against the captured result counts by --simulate)."""
+    from kb_assets.query import Tuning
     from kb_assets.query import gate as G
     on = p.get("on_topic", G.ON_TOPIC_ABOVE_NULL)
     clear = p.get("clearly", G.CLEARLY_ON_TOPIC_ABOVE_NULL)
@@ -102,6 +103,11 @@ def sim_gate(hits: list[dict], row: dict, **p) -> list[dict]:
     strong_rel = p.get("strong_relative", False)     # the strong floor when best >= null + clear (not floor + sure)
     weak_margin = p.get("weak_margin")               # a query below null + clear keeps sim >= best - weak_margin
     kw_top = p.get("keyword_top", G.KEYWORD_TOP_KEPT)
+    # Tuning.gate_null_floor: a result's similarity must also reach null + null_floor (shipped: 0, for a query
+    # below null + clear only); {"null_floor": null} is the gate before it
+    shipped_nf = Tuning().gate_null_floor
+    null_floor = p.get("null_floor", 0.0 if shipped_nf else None)
+    null_floor_weak = p.get("null_floor_weak_only", shipped_nf)   # ... only for a query below null + clear
     if not hits:
         return hits
     floor, null, chans = row["floor"], row["null"], row["channels"]
@@ -117,6 +123,8 @@ def sim_gate(hits: list[dict], row: dict, **p) -> list[dict]:
             t_sim = floor
         elif weak_margin is not None and null is not None:
             t_sim = max(floor, best - weak_margin)
+    if vec_on and null_floor is not None and null is not None and (not null_floor_weak or best < null + clear):
+        t_sim = max(t_sim, null + null_floor)
     if kw_on:
         best_cov = max(h["cov"] for h in hits)
         t_cov = max(row["min_cov"], best_cov - G.COVERAGE_MARGIN) if vec_on else \
@@ -128,10 +136,12 @@ def sim_gate(hits: list[dict], row: dict, **p) -> list[dict]:
             t_sim = float("inf")
         elif best >= null + clear:
             k_top = min(kw_top, row["n_docs"] // 10)
-        elif weak_margin is not None and (best >= null + on or not p.get("weak_top_on_topic_only")):
+        elif (weak_margin is not None or null_floor_weak) and (best >= null + on or not p.get("weak_top_on_topic_only")):
             k_top = p.get("weak_keyword_top", 0)     # BM25's first documents of a weak query
+    agreed = p.get("null_floor_keeps_agreed", False) and null_floor is not None
     return [h for h in hits
             if (vec_on and (h["vec"] or h["d_sim"] is not None) and h["sim"] >= t_sim)
+            or (agreed and t_sim < float("inf") and h["k_rank"] == 1 and (h["v_rank"] == 1 or h["d_rank"] == 1))
             or (kw_on and h["kw"] and (h["cov"] >= t_cov or (h["k_rank"] is not None and h["k_rank"] <= k_top)))]
 
 

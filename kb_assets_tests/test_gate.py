@@ -26,9 +26,10 @@ def hit(i, sim=None, cov=0.0, k_rank=None):
 
 
 def kept(hits, null, n_docs=1000, channels=HYBRID):
-    """The gate without its weak band (Tuning.gate_weak_margin, tested on its own below)."""
-    return [h.doc_id for h in _gate(hits, channels, 0.25, QuerySettings(), Tuning(gate_weak_margin=None), null,
-                                    n_docs)]
+    """The gate without its weak band and its null floor (Tuning.gate_weak_margin, Tuning.gate_null_floor:
+    tested on their own below)."""
+    return [h.doc_id for h in _gate(hits, channels, 0.25, QuerySettings(),
+                                    Tuning(gate_weak_margin=None, gate_null_floor=False), null, n_docs)]
 
 
 def test_a_query_near_the_null_level_keeps_only_exact_term_matches():
@@ -69,8 +70,8 @@ def test_a_weak_query_keeps_only_results_near_its_best_with_gate_weak_margin():
     off-topic query on a large corpus: something always lies a little above the background) keeps only the
     results within the margin of its best, plus its exact-term matches; a clearly on-topic one is unchanged."""
     def weak(hits, null, margin=0.05):
-        return [h.doc_id for h in _gate(hits, HYBRID, 0.25, QuerySettings(), Tuning(gate_weak_margin=margin),
-                                        null, 1000)]
+        return [h.doc_id for h in _gate(hits, HYBRID, 0.25, QuerySettings(),
+                                        Tuning(gate_weak_margin=margin, gate_null_floor=False), null, 1000)]
 
     hits = [hit(1, 0.45), hit(2, 0.42), hit(3, 0.38), hit(4, 0.30), hit(5, 0.20, cov=0.9, k_rank=3),
             hit(6, 0.33, cov=0.2, k_rank=2), hit(7, 0.31, cov=0.2, k_rank=3)]
@@ -87,10 +88,44 @@ def test_a_weak_query_keeps_only_results_near_its_best_with_gate_weak_margin():
     assert weak(hits, 0.45 - CLEARLY_ON_TOPIC_ABOVE_NULL) == kept(hits, 0.45 - CLEARLY_ON_TOPIC_ABOVE_NULL)
     # off by default (it cost the full RFC set's gate-on Recall@100 0.08): the default gate is the rule without it
     assert Tuning().gate_weak_margin is None
-    assert [h.doc_id for h in _gate(hits, HYBRID, 0.25, QuerySettings(), Tuning(), null, 1000)] == kept(hits, null)
+    assert [h.doc_id for h in _gate(hits, HYBRID, 0.25, QuerySettings(), Tuning(gate_null_floor=False), null,
+                                    1000)] == kept(hits, null)
     # no null level (an uncalibrated model): no change
     assert [h.doc_id for h in _gate(hits, HYBRID, 0.25, QuerySettings(), Tuning(gate_weak_margin=0.05), None,
                                     1000)] == kept(hits, None)
+
+
+def test_a_query_not_clearly_on_topic_keeps_nothing_below_the_null_level():
+    """Tuning.gate_null_floor (on by default): a query below null + CLEARLY_ON_TOPIC_ABOVE_NULL keeps similarity
+    results at or above the index's null level only. On a large corpus the model's floor (0.25) lies below the
+    background (PEPs: null 0.335), and an off-topic query's best result at 0.45 (>= floor + 0.15, "clearly
+    similar" in absolute terms) kept every result down to 0.25: twenty of them for "restart celery workers
+    nightly". Exact-term matches (coverage) stay; a clearly on-topic query is unchanged."""
+    def gate(hits, null, on=True, channels=HYBRID):
+        return [h.doc_id for h in _gate(hits, channels, 0.25, QuerySettings(), Tuning(gate_null_floor=on), null,
+                                        1000)]
+
+    assert Tuning().gate_null_floor is True
+    hits = [hit(1, 0.45), hit(2, 0.40), hit(3, 0.34), hit(4, 0.33), hit(5, 0.30), hit(6, 0.20, cov=0.9, k_rank=1)]
+    null = 0.335                                          # 0.45 is on-topic (>= null + 0.05), not clearly
+    assert gate(hits, null, on=False) == kept(hits, null) == [1, 2, 3, 4, 5, 6]
+    assert gate(hits, null) == [1, 2, 3, 6]               # 0.33 and 0.30 are below the background here
+    # clearly on-topic (best = null + 0.2): everything above the model's floor, as before
+    clear = 0.45 - CLEARLY_ON_TOPIC_ABOVE_NULL
+    assert gate(hits, clear) == gate(hits, clear, on=False) == [1, 2, 3, 4, 5, 6]
+    # a small index whose background is below the model's floor (regression set: 0.205): the floor decides
+    small = [hit(1, 0.38), hit(2, 0.30), hit(3, 0.26)]    # best - null = 0.17: not clearly on-topic
+    assert gate(small, 0.21) == gate(small, 0.21, on=False) == [1, 2, 3]
+    # no null level (an uncalibrated model), or keyword mode: unchanged
+    assert gate(hits, None) == gate(hits, None, on=False)
+    kw = [hit(7, cov=0.35, k_rank=1), hit(8, cov=0.2, k_rank=2)]
+    assert gate(kw, null, channels=["keyword"]) == gate(kw, null, on=False, channels=["keyword"]) == [7, 8]
+    # a query below the null level that the channels' agreement lets through keeps its exact-term matches only
+    first = hit(9, 0.30, cov=0.5, k_rank=1)
+    first.v_rank = 1
+    low = [first, hit(10, 0.27), hit(11, 0.1, cov=0.9, k_rank=2)]
+    assert gate(low, 0.42, on=False) == [9, 10, 11]
+    assert gate(low, 0.42) == [11]
 
 
 def test_keyword_mode_is_unchanged_by_the_null_level():

@@ -122,6 +122,12 @@ class Tuning:
     # Off by default: 0.05 took the PEPs' off-topic results 73 -> 22 with no Recall@100 cost there, but on the full
     # rust_rfcs set (648 RFCs) it cost gate-on Recall@100 0.989 -> 0.907 (limit: 0.01); docs/QUALITY.md, "Sixth pass".
     gate_weak_margin: float | None = None
+    # Relevance gate, null floor (with the index's null level, query/gate.py): a query whose best similarity is
+    # below null + CLEARLY_ON_TOPIC_ABOVE_NULL keeps similarity results at or above the null level only, not
+    # down to the model's fixed floor (0.25, below the background of a large corpus: PEPs 0.335, RFCs 0.347).
+    # No new constant. Since 2026-12-03 (docs/QUALITY.md, "Seventh pass"): PEPs off-topic results 78 -> 31,
+    # rust_rfcs 16 -> 2, no gate Recall@100 or nDCG@10 change on any of the four full sets. False: off.
+    gate_null_floor: bool = True
     # exact vector scan (instead of HNSW) when filters leave at most this many chunks
     exact_scan_chunks: int = 20000
     # Relevance gate (settings min_similarity / min_keyword_coverage): `gate=False` turns it off (evaluation),

@@ -15,6 +15,9 @@ Two levels (docs/QUALITY.md, "Fifth pass"):
    (CLEARLY_ON_TOPIC_ABOVE_NULL) also the keyword channel's first KEYWORD_TOP_KEPT documents (at most a tenth
    of the index) — a BM25 answer
    the model does not see (its gold documents ranked 18–46 by BM25 were the gate's whole Recall@100 cost).
+   A query that is not clearly on-topic keeps only results more similar than the null level itself
+   (Tuning.gate_null_floor): on a large corpus the model's fixed floor lies below the background, and an
+   off-topic query's twenty "similar" results were mostly below it (docs/QUALITY.md, "Seventh pass").
 
 The null level needs the query embedder (probes are embedded like queries): it is computed for models
 with a calibrated floor (MIN_SIMILARITY) only, where the margins were measured.
@@ -158,7 +161,9 @@ def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings, tu
     max(0.1, min(best − 0.2, min_keyword_coverage)).
     With the index's `null` level (vector channels on): a query whose best similarity is below
     null + ON_TOPIC_ABOVE_NULL keeps its coverage-rescued keyword matches only (unless the channels agree on
-    the first document); one at or above
+    the first document); one below null + CLEARLY_ON_TOPIC_ABOVE_NULL keeps similarity results at or above
+    the null level only (with tuning.gate_null_floor: the level is the index's background, so a result
+    below it is no evidence for a query that is not clearly about the index); one at or above
     null + CLEARLY_ON_TOPIC_ABOVE_NULL also keeps the keyword channel's first KEYWORD_TOP_KEPT documents (at
     most a tenth of the index's `n_docs`: on a small index they would be all of it).
     """
@@ -185,6 +190,9 @@ def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings, tu
             t_cov = max(settings.min_keyword_coverage, best_cov - COVERAGE_MARGIN)
         else:
             t_cov = max(0.1, min(best_cov - COVERAGE_MARGIN, settings.min_keyword_coverage))
+    if vec_on and null is not None and getattr(tuning, "gate_null_floor", False) \
+            and best < null + CLEARLY_ON_TOPIC_ABOVE_NULL:
+        t_sim = max(t_sim, null)                 # not clearly on-topic: nothing below this index's background
     k_top = 0
     if vec_on and null is not None:
         if best < null + ON_TOPIC_ABOVE_NULL and not _channels_agree(ranked):
