@@ -154,6 +154,20 @@ def load_model(path: Path):
         return model
 
 
+_COUNTING: "ThreadPoolExecutor | None" = None
+_COUNTING_LOCK = threading.Lock()     # not _LOCK: that one is held for the model's whole load
+
+
+def _counting_pool() -> "ThreadPoolExecutor":
+    global _COUNTING
+    with _COUNTING_LOCK:
+        if _COUNTING is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _COUNTING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-token-count")
+        return _COUNTING
+
+
 class LocalEmbedder:
     """Embedder over a local sentence-transformers model (default: bundled all-MiniLM-L6-v2, 384-d)."""
 
@@ -253,11 +267,16 @@ class LocalEmbedder:
         texts = list(texts)
         if not texts:
             return empty_result(self.dimension)
+        # the token count (Python, ~0.07 ms per chunk) runs while the model works (it releases the interpreter),
+        # not after it: on a first load it was ~4 s of 56K chunks' critical path
+        counting = _counting_pool().submit(self._tokens_seen, texts)
         raw = self._encode_numpy(texts) if self.document_encoder(len(texts)) == "numpy" else self._encode(texts)
         vectors = as_matrix(raw, len(texts), self.dimension, f"local model {self.model}")
+        return EmbedResult(vectors, counting.result())
+
+    def _tokens_seen(self, texts: list[str]) -> int:
         special = self.special_tokens
-        tokens = sum(min(n + special, self.window) for n in self.count_tokens(texts))
-        return EmbedResult(vectors, tokens)
+        return sum(min(n + special, self.window) for n in self.count_tokens(texts))
 
     def query_encoder(self) -> str:
         """"numpy" (torch-free, same vectors: embedding/numpy_bert.py) unless the torch model is already

@@ -21,6 +21,8 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -229,6 +231,28 @@ def _write_failure(conn, signposter, job: _Job, error: str, attempts: int, max_f
     return sum(1 for (p,) in rows if p)
 
 
+# A CPU-bound generator (extractive: ~10 ms of Python a document) generates in a process of its own once a run has
+# PROCESS_MIN_JOBS documents: in this interpreter it ran beside the embedding stage on a first load and slowed the
+# model calls' own Python through the interpreter lock (docs/BENCHMARKS.md, "Embeddings beside chunking").
+# PROCESS_IN_FLIGHT documents wait in its queue, so the round trips hide. "spawn": no fork of a threaded process.
+PROCESS_MIN_JOBS = 200
+PROCESS_IN_FLIGHT = 16
+
+
+@contextmanager
+def _generation_pool(signposter, jobs: int, limiter: "AdaptiveLimit"):
+    """(executor, how many documents may be in flight now)."""
+    if getattr(signposter, "cpu_bound", False) and jobs >= PROCESS_MIN_JOBS:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            yield pool, (lambda: PROCESS_IN_FLIGHT)
+    else:
+        with ThreadPoolExecutor(max_workers=limiter.maximum, thread_name_prefix="signpost") as pool:
+            yield pool, (lambda: limiter.width)
+
+
 def run_signposts(conn, source_key: str, signposter, *, max_failures: int = 3, concurrency: int = 1,
                   on_progress: Callable[[int, int], None] | None = None) -> SignpostRunStats:
     """Signpost the active documents of one source that need it (see the module docstring).
@@ -346,12 +370,12 @@ def run_signposts(conn, source_key: str, signposter, *, max_failures: int = 3, c
 
     prefetched: dict[int, SignpostInput] = {}
     try:
-        with ThreadPoolExecutor(max_workers=limiter.maximum, thread_name_prefix="signpost") as pool:
+        with _generation_pool(signposter, len(jobs), limiter) as (pool, width):
             pending: dict[Future, tuple[_Job, str]] = {}
             queue = list(reversed(jobs))
             while queue or pending:
                 # a stop request (SIGINT/SIGTERM): start nothing new, finish what is in flight
-                while queue and stop_exc is None and not cancel.stop_requested() and len(pending) < limiter.width:
+                while queue and stop_exc is None and not cancel.stop_requested() and len(pending) < width():
                     job = queue.pop()
                     if job.document_ids[0] not in prefetched:
                         # the texts of the next jobs in one query, not one round trip per document
@@ -375,6 +399,8 @@ def run_signposts(conn, source_key: str, signposter, *, max_failures: int = 3, c
                     try:
                         result = fut.result()
                         payload = validate_payload(kind, result.payload)
+                    except BrokenProcessPool:
+                        raise       # the generating process died: the stage fails, no document is to blame
                     except (SignpostAuthError, SignpostQuotaError) as exc:
                         account(exc.calls, exc.rate_limited, exc.input_tokens, exc.output_tokens)
                         if stop_exc is None:

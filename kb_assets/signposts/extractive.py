@@ -48,6 +48,8 @@ ALGORITHM_VERSION = 4     # 2: rationales are reasons (issue 13 §4), artifacts 
 class ExtractiveSignposter:
     generator = "extractive"
     model = ""
+    # Python work, no waiting: a large run generates in a process of its own (pipeline/signposts.py)
+    cpu_bound = True
 
     def __init__(self) -> None:
         self.prompt_version = f"extractive-{ALGORITHM_VERSION}.s{SCHEMA_VERSION}"
