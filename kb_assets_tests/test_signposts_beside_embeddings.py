@@ -203,7 +203,7 @@ def test_one_stage_failing_fails_the_run_with_its_error_and_stops_the_other(tmp_
         assert 0 < len(state["vectors"]) < len(state["chunks"])
         assert len(state["signposts"]) == 64             # the first write batch, committed before the fault
     else:
-        assert len(state["vectors"]) == 2 * 40           # two batches of 40 before the model failed
+        assert len(state["vectors"]) == 2 * 20           # two calls of half a batch (40) before the model failed
         assert len(state["signposts"]) < N_DOCS
 
     trace.unlink()
