@@ -11,21 +11,15 @@ from pathlib import Path
 
 import dagster as dg
 
-from kb_assets_tests.test_signposts_beside_embeddings import (_config, _kb_index, _materialized, _reload_definitions,
-                                                             _spans, _state)
+from kb_assets_tests.test_signposts_beside_embeddings import _config, _kb_index, _materialized, _reload_definitions
+from kb_assets_tests.test_signposts_beside_embeddings import _corpus as _adrs
+from kb_assets_tests.test_signposts_beside_embeddings import _spans, _state
 
 N_DOCS = 130            # a first load: at least chunks.WARM_UP_MIN_DOCUMENTS never chunked
 
 
 def _corpus(root: Path, n: int = N_DOCS) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    for i in range(n):
-        sections = "\n\n".join(
-            f"## Part {p}\n\nQueue {i} keeps retention rule {p} because storage grows; consumers replay "
-            f"message {i * 31 + p} after a restart. " * 4 for p in range(5))
-        (root / f"ADR-{i:03}.md").write_text(f"# ADR {i}: retention decision {i}\n\n## Decision\n\nWe keep "
-                                             f"{i + 7} days.\n\n{sections}\n")
-    return root
+    return _adrs(root, n)
 
 
 # in the child: each model call's start time, appended to a file

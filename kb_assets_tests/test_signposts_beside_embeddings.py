@@ -21,9 +21,9 @@ COST = 0.02            # seconds per text: the embedding stage lasts long enough
 N_DOCS = 80
 
 
-def _corpus(root: Path) -> Path:
+def _corpus(root: Path, n_docs: int = N_DOCS) -> Path:
     root.mkdir(parents=True, exist_ok=True)
-    for n in range(N_DOCS):
+    for n in range(n_docs):
         sections = "\n\n".join(
             f"## Part {p}\n\nStream {n} keeps retention rule {p} because storage grows; consumers replay "
             f"message {n * 31 + p} after a restart. " * 3 for p in range(6))
