@@ -69,8 +69,8 @@ def kb_documents(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Materi
 # steps one after another in process (`kb index`: execute_in_process ignores the job's executor), so the step runs
 # them side by side itself, each on its own connection. On a first load the embedding stage embeds chunks as the
 # chunk stage commits them; otherwise it starts when the chunk stage ends. The signposts stage needs only the
-# documents: it runs beside both (docs/BENCHMARKS.md, "Signposts beside embeddings", "Embeddings beside
-# chunking"). Selected alone (the UI, a subset job) each runs alone, as before.
+# documents: it runs after the chunk stage, beside the embedding stage (docs/BENCHMARKS.md, "Signposts beside
+# embeddings", "Embeddings beside chunking"). Selected alone (the UI, a subset job) each runs alone, as before.
 kb_chunks = dg.AssetKey("kb_chunks")
 kb_embeddings = dg.AssetKey("kb_embeddings")
 kb_signposts = dg.AssetKey("kb_signposts")

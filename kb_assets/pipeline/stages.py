@@ -69,12 +69,13 @@ def chunks(key: str, embedder, run_stage: RunStage, progress: Progress = null_pr
     warm = steps_share_process() if warm_up is None else warm_up
 
     def stage(conn):
+        first_load = first_load_ahead(conn, key)
         if beside is not None and not beside.decided.is_set():
-            beside.follow = follows_chunking(conn, key, embedder)
+            beside.follow = first_load and _space_unindexed(conn, embedder)
             beside.decided.set()
         # the model loads while this stage cuts: the embedding stage needs it next, in this process; a step
         # of its own in another process would load it for nothing
-        if warm and hasattr(embedder, "warm_up") and first_load_ahead(conn, key):
+        if warm and hasattr(embedder, "warm_up") and first_load:
             embedder.warm_up()
         stats = chunk_source(conn, key, max_tokens=embedder.max_tokens, count_tokens=embedder.count_tokens,
                              progress=progress)
@@ -118,10 +119,14 @@ def follows_chunking(conn, key: str, embedder) -> bool:
     would go through the index (~10x a bulk build per vector: the stage drops the index only for a load it can
     count, which a stage running beside the chunk stage cannot)."""
     from kb_assets.pipeline.chunks import first_load_ahead
+
+    return first_load_ahead(conn, key) and _space_unindexed(conn, embedder)
+
+
+def _space_unindexed(conn, embedder) -> bool:
+    """The embedder's vector space has no HNSW index (yet, or none at all)."""
     from kb_assets.store import spaces
 
-    if not first_load_ahead(conn, key):
-        return False
     table = spaces.space_table(conn, embedder.model, embedder.dimension)
     return table is None or not spaces.has_vector_index(conn, table)
 
