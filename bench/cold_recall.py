@@ -52,7 +52,7 @@ def sample_config() -> Path:
         """))
     env = _env("numpy")
     env["DAGSTER_HOME"] = tempfile.mkdtemp(prefix="kb-cold-dagster-")
-    subprocess.run([str(KB), "index", "--config", str(config), "--quiet"], env=env, check=True)
+    subprocess.run([str(KB), "index", "--config", str(config), "--quiet", "--wait-index"], env=env, check=True)
     (SAMPLE / "indexed").write_text("ok\n")
     return config
 

@@ -188,8 +188,18 @@ def _index(args, run) -> int:
             job.close()
     if run.stopping:
         run.finish()   # one line, exit 130/143
-    elapsed = time.perf_counter() - started
     with _connect(cfg) as conn:
+        from kb_assets.pipeline import vector_index_build
+
+        # the vector index of the space in use: a background build that was killed starts again (cheap when
+        # all is well); --wait-index waits for it
+        vector_index = vector_index_build.resume(conn)
+        if vector_index == "building" and not args.quiet and not args.wait_index:
+            console.print("kb index: the vector index is building in the background; queries scan every vector "
+                          "until it is ready (correct, slower). `kb status` shows it; --wait-index waits.")
+        if vector_index == "building" and args.wait_index:
+            vector_index = vector_index_build.wait_ready(conn)
+        elapsed = time.perf_counter() - started
         from kb_assets.store.status import source_status
 
         rows = index_run.own_figures(source_status(conn, keys, config=cfg))   # this run's figures only
@@ -203,6 +213,7 @@ def _index(args, run) -> int:
         warnings = glob_warnings(conn, cfg, keys)
     if args.json:
         print(json.dumps({"sources": [_run_summary(r) for r in rows], "seconds": round(elapsed, 2),
+                          "vector_index": vector_index,   # ready | building | missing | null (no space yet)
                           "failures": [{"source": k, "error": e} for k, e in failures],
                           "warnings": warnings}, indent=2, default=str))
     elif not args.quiet:
@@ -353,7 +364,8 @@ def _run_summary(row: dict) -> dict:
         "source": row["source"], "documents": row["documents"], "chunks": row["chunks"],
         "embedded": row["embedded"], "signposted": row["signposted"], "skipped": row["skipped"],
         "skip_reasons": row["skip_reasons"], "indexed_commit": row["indexed_commit"],
-        "this_run": {stage: last.get(stage, {}) for stage in ("documents", "chunks", "embeddings", "signposts")},
+        "this_run": {stage: last.get(stage, {}) for stage in ("documents", "chunks", "embeddings", "signposts",
+                                                              "search_index")},
         "skipped_run": bool(row.get("skipped_run")),   # nothing changed since the last complete run: no run
         "runner": row.get("runner"),   # "dagster" (the job) | "direct" (a small change, no Dagster run) | null
     }
@@ -419,7 +431,10 @@ def cmd_status(args) -> int:
         console.print(f"{k}: configured, never indexed (run `kb index --source {k}`)")
     for w in warnings:
         console.print(f"[yellow]warning:[/yellow] {w}")
-    if rows and rows[0]["embedding_model"] and not rows[0]["vector_index"]:
+    if rows and rows[0]["embedding_model"] and rows[0].get("vector_index_state") == "building":
+        console.print("[yellow]vector index building[/yellow] in the background: recall scans every vector "
+                      "until it is ready (correct, slower)")
+    elif rows and rows[0]["embedding_model"] and not rows[0]["vector_index"]:
         console.print("[yellow]vector index missing[/yellow]: recall scans every vector until `kb index` "
                       "rebuilds it (kb_search_index)")
     return 0
@@ -580,6 +595,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--dagster", action="store_true",
                     help="run each source that has work through the Dagster job, also a small change "
                          "(which kb index otherwise indexes directly and reports to Dagster afterwards)")
+    sp.add_argument("--wait-index", action="store_true",
+                    help="wait for a vector index being built in the background (a large first load) before "
+                         "exiting; queries are correct meanwhile, only slower")
 
     sp = add("status", cmd_status, "per-source counts, skips with reasons, freshness")
     sp.add_argument("--json", action="store_true")

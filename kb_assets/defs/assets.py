@@ -228,6 +228,7 @@ def kb_search_index(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Mat
     return dg.MaterializeResult(metadata={
         "model": stats.model, "dimension": stats.dimension, "space_missing": stats.space_missing,
         "vector_index_built": stats.vector_index_built, "vector_index_seconds": stats.vector_index_seconds,
+        "vector_index_background": stats.vector_index_background,
         "space_activated": stats.activated, "query_stats_refreshed": stats.query_stats_refreshed,
         "query_stats_seconds": q.get("seconds", 0.0), "lexemes": q.get("lexemes", 0),
         "document_vectors": dg.MetadataValue.json(q.get("document_vectors") or {}),

@@ -217,6 +217,27 @@ class LocalEmbedder:
         _WARMING.start()
         return _WARMING
 
+    def warm_up_small_job(self) -> threading.Thread | None:
+        """Create the torch-free document encoder (onnxruntime's session, ~0.5 s) in a background thread, for a
+        small change whose chunks are still being cut: the embedding stage then starts encoding at once.
+        None when torch serves this process or the folder needs it."""
+        if self.loaded or os.environ.get(DOCUMENT_ENCODER_ENV, "").lower() == "torch":
+            return None
+        from kb_assets.embedding import numpy_bert
+
+        if not numpy_bert.supports(self.path):
+            return None
+
+        def warm() -> None:
+            try:
+                numpy_bert.document_encoder_for(self.path, numpy_bert.ONNX_DOCUMENT_MIN_TEXTS)
+            except Exception:   # the embedding stage's own call reports it
+                pass
+
+        thread = threading.Thread(target=warm, name="kb-encoder-warm-up", daemon=True)
+        thread.start()
+        return thread
+
     def _warm(self) -> None:
         global _WARMING
         try:

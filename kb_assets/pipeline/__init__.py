@@ -87,8 +87,9 @@ def index_sources(cfg: KbConfig, conn, *, embedder, signposter=None, source_keys
                               count_tokens=embedder.count_tokens, progress=progress)
         emb = run_embeddings_stage(conn, embedder, source.key, batch_rows=cfg.embed_batch_rows, progress=progress)
         changed = stages_changed(docs.as_metadata(), chunks.as_metadata(), emb.as_metadata())
+        # in the run (no background build): a caller of this function queries the index right after
         search = build_search_index(conn, embedder.model, embedder.dimension, refresh_query=refresh_query,
-                                    index_changed=changed, progress=progress)
+                                    index_changed=changed, background=False, progress=progress)
         sp = None
         if signposter is not None:
             from kb_assets.pipeline.signposts import run_signposts

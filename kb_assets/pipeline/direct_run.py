@@ -114,6 +114,10 @@ def run_source(cfg: KbConfig, key: str, *, progress: Progress = null_progress) -
     docs, skipped = stages.documents(cfg, key, run_stage, progress)
     out.assets["kb_documents"] = {**docs.as_metadata(), "skipped_files": [
         {"path": p, "reason": r, "detail": (d or "")[:120]} for p, r, d in skipped]}
+    # content changed (not only renamed or deleted): chunks to embed are likely, so the small-job encoder
+    # loads while the chunk stage cuts them
+    if (docs.changed or docs.new > docs.deleted) and hasattr(embedder, "warm_up_small_job"):
+        embedder.warm_up_small_job()
     out.assets["kb_chunks"] = stages.chunks(key, embedder, run_stage, progress).as_metadata()
     emb, sig, error = run_side_by_side(
         lambda: stages.embeddings(cfg, key, embedder, run_stage, progress),

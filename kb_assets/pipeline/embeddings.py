@@ -159,7 +159,9 @@ def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, 
     table = spaces.ensure_space(conn, embedder.model, embedder.dimension)
     stats = EmbedStats(source=source_key, model=embedder.model, dimension=embedder.dimension)
     missing = count_missing(conn, table, source_key)
-    if missing >= LARGE_LOAD_MIN and spaces.has_vector_index(conn, table):
+    # any index of the space, also one a background build is writing (or left INVALID): each maintains per row
+    if missing >= LARGE_LOAD_MIN and (spaces.vector_index_exists(conn, table)
+                                      or spaces.build_holder(conn, table) is not None):
         rows_now = conn.execute(sql.SQL("SELECT count(*) FROM {t}").format(t=sql.Identifier(table))).fetchone()[0]
         if missing >= LARGE_LOAD_FRACTION * rows_now:
             stats.vector_index_dropped = spaces.drop_vector_index(conn, table)

@@ -1,9 +1,11 @@
 """Stage 4: make the embedded vectors searchable — the space's HNSW index, activation, recall()'s statistics.
 
 Kept out of the embedding stage on purpose: building an HNSW index over a bulk load once is ~10x cheaper than
-maintaining it row by row during the load, and it is query-serving work, not indexing work. A space becomes
-the one queries use only when it covers every chunk *and* has its index, so a model change never sends
-queries to a half-built or unindexed space. The space already in use keeps answering meanwhile.
+maintaining it row by row during the load, and it is query-serving work, not indexing work. On a model change
+a space becomes the one queries use only when it covers every chunk *and* has its index, so queries never go
+to a half-built or unindexed space while the old one could answer. With no other space to answer (a first
+load, or the space in use after a large load) a large build runs in the background after activation instead
+(pipeline/vector_index_build.py): queries scan every vector meanwhile, correct and only slower.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class SearchIndexStats:
     dimension: int
     space_missing: int = 0          # chunk hashes of any source still without a vector in this space
     vector_index_built: bool = False
+    vector_index_background: bool = False   # handed to a detached build (pipeline/vector_index_build.py)
     vector_index_seconds: float = 0.0
     activated: bool = False
     query_stats_refreshed: bool = False
@@ -38,19 +41,23 @@ class SearchIndexStats:
 
 
 def build_search_index(conn: psycopg.Connection, model: str, dimension: int, *,
-                       refresh_query: bool = True, index_changed: bool = True,
+                       refresh_query: bool = True, index_changed: bool = True, background: bool = True,
                        progress: Progress = null_progress) -> SearchIndexStats:
     """Index, activate and refresh what recall() reads, for the (model, dimension) space.
 
     `index_changed`: whether the stages before changed anything; False skips the statistics refresh (an
     unchanged re-run stays cheap) unless they were never computed or the space was just activated.
+    `background`: a large HNSW build of a space no other space answers for meanwhile goes to a detached
+    process after activation (pipeline/vector_index_build.py); False builds it here.
     """
     with cancel.cancellable(conn):   # a stop request cancels the HNSW build or the refresh (rolled back)
         return _build_search_index(conn, model, dimension, refresh_query=refresh_query,
-                                   index_changed=index_changed, progress=progress)
+                                   index_changed=index_changed, background=background, progress=progress)
 
 
-def _build_search_index(conn, model, dimension, *, refresh_query, index_changed, progress) -> SearchIndexStats:
+def _build_search_index(conn, model, dimension, *, refresh_query, index_changed, background,
+                        progress) -> SearchIndexStats:
+    from kb_assets.pipeline import vector_index_build
     from kb_assets.pipeline.query_stats import refresh_query_stats
 
     started = time.perf_counter()
@@ -64,7 +71,23 @@ def _build_search_index(conn, model, dimension, *, refresh_query, index_changed,
     in_use = active is not None and active[2] == table
     # An incomplete space that is not in use gets its index only once complete (its rest still loads fast);
     # the space in use always has one (a large load may have dropped it: see embeddings.LARGE_LOAD).
-    if (in_use or stats.space_missing == 0) and not spaces.has_vector_index(conn, table):
+    needs_index = (in_use or stats.space_missing == 0) and not spaces.has_vector_index(conn, table)
+    # Without another space answering meanwhile (a first load, or the space in use after a large load), a
+    # large build need not hold up the answer: activate now, build in the background. A model change keeps
+    # the rule above: the old space answers until the new one is complete *and* indexed.
+    if needs_index and background and (active is None or in_use) and stats.space_missing == 0 \
+            and vector_index_build.worth_background(conn, table):
+        if not in_use:
+            spaces.activate_space(conn, model, dimension)
+            stats.activated = in_use = True
+        t0 = time.perf_counter()
+        if vector_index_build.start(conn, table) is not None:
+            stats.vector_index_background = True
+            needs_index = False
+            log.info("%s: vector index building in the background (queries scan every vector until it is"
+                     " ready)", table)
+        stats.vector_index_seconds = round(time.perf_counter() - t0, 3)
+    if needs_index:
         t0 = time.perf_counter()
         progress.start(f"{model}: building the vector index", total=None)
         try:

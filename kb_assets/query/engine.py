@@ -542,8 +542,8 @@ class _Searcher:
             "SELECT s.model, s.dimension, s.table_name,"
             " to_regclass(quote_ident(current_schema()) || '.' || quote_ident(left(s.table_name || '_docs', 63)))"
             " IS NOT NULL, (SELECT n_chunks FROM query_stats WHERE id = 1),"
-            " to_regclass(quote_ident(current_schema()) || '.' || quote_ident(left(s.table_name || '_hnsw', 63)))"
-            " IS NOT NULL,"
+            " coalesce((SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(quote_ident(current_schema())"
+            " || '.' || quote_ident(left(s.table_name || '_hnsw', 63)))), false),"
             " (SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'chunks'::regclass), " + count +
             " FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT model, dimension, table_name FROM embedding_spaces"
             " WHERE activated_at IS NOT NULL ORDER BY activated_at DESC LIMIT 1) s ON true",
@@ -855,7 +855,7 @@ def recall(queries: str | Sequence[str], *, config=None, limit: int | None = Non
                 "keyword": ["keyword"]}[mode]
     if "vector" in channels and not searcher.has_vector_index:
         result.warnings.append("the vector index is being (re)built: vector search scans every vector until "
-                               "`kb index` finishes (kb_search_index): correct, but slower")
+                               "it is ready (`kb status`): correct, but slower")
     if "keyword" in channels and not searcher.have_stats:
         result.warnings.append("keyword statistics are missing: run `kb index` (refresh_query_stats) "
                                "for better keyword search")

@@ -74,41 +74,103 @@ def vector_index_name(table: str) -> str:
 
 
 def has_vector_index(conn: psycopg.Connection, table: str) -> bool:
+    """The space has its HNSW index, built and valid (one a background build is still writing, or one a killed
+    build left INVALID, is not used by the planner and does not count)."""
     # qualified: a connection whose search_path goes on to another schema never sees that schema's index
-    return conn.execute("SELECT to_regclass(quote_ident(current_schema()) || '.' || quote_ident(%s)) IS NOT NULL",
+    return conn.execute(
+        "SELECT coalesce((SELECT indisvalid FROM pg_index WHERE indexrelid ="
+        " to_regclass(quote_ident(current_schema()) || '.' || quote_ident(%s))), false)",
+        (vector_index_name(table),)).fetchone()[0]
+
+
+# A background build (pipeline/vector_index_build.py) holds this session-level advisory lock, keyed by the
+# table, for as long as it runs: "building" is a lock someone holds, so a killed build never looks alive.
+BUILD_LOCK_CLASS = 0x6B62_0002
+_BUILD_KEY = "hashtext(current_schema() || '.' || %s)"
+
+
+def vector_index_state(conn: psycopg.Connection, table: str) -> str:
+    """'ready', 'building' (a background build holds the table's build lock) or 'missing'."""
+    if has_vector_index(conn, table):
+        return "ready"
+    return "building" if build_holder(conn, table) is not None else "missing"
+
+
+def build_holder(conn: psycopg.Connection, table: str) -> int | None:
+    """The backend pid of the session building the table's index in the background, if one is."""
+    row = conn.execute(
+        "SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.database ="
+        " (SELECT oid FROM pg_database WHERE datname = current_database()) AND l.classid = %s::oid"
+        " AND l.objid = (" + _BUILD_KEY + ")::oid AND l.objsubid = 2 LIMIT 1",
+        (BUILD_LOCK_CLASS, table)).fetchone()
+    return row[0] if row else None
+
+
+def try_build_lock(conn: psycopg.Connection, table: str) -> bool:
+    """Take the table's build lock for this session (the background builder), without waiting."""
+    return conn.execute("SELECT pg_try_advisory_lock(%s, " + _BUILD_KEY + ")",
+                        (BUILD_LOCK_CLASS, table)).fetchone()[0]
+
+
+def cancel_build(conn: psycopg.Connection, table: str) -> bool:
+    """Cancel a background build of the table's index (its CREATE INDEX CONCURRENTLY rolls back, leaving an
+    INVALID index that drop_vector_index or the next build removes); True if one was running."""
+    pid = build_holder(conn, table)
+    if pid is None:
+        return False
+    conn.execute("SELECT pg_cancel_backend(%s)", (pid,))
+    return True
+
+
+def vector_index_exists(conn: psycopg.Connection, table: str) -> bool:
+    """Any index of that name in our schema, valid or not (pg_class itself: the catalog cache of a transaction
+    that waited on a lock has not seen another session's index yet)."""
+    return conn.execute("SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                        " WHERE c.relname = %s AND n.nspname = current_schema())",
                         (vector_index_name(table),)).fetchone()[0]
+
+
+def _create_index_sql(table: str, *, concurrently: bool) -> sql.Composed:
+    return sql.SQL("CREATE INDEX {c} IF NOT EXISTS {i} ON {t} USING hnsw (embedding vector_cosine_ops)"
+                   " WITH (m = {m}, ef_construction = {e})").format(
+        c=sql.SQL("CONCURRENTLY" if concurrently else ""), i=sql.Identifier(vector_index_name(table)),
+        t=sql.Identifier(table), m=sql.Literal(HNSW_M), e=sql.Literal(HNSW_EF_CONSTRUCTION))
 
 
 def ensure_vector_index(conn: psycopg.Connection, table: str) -> bool:
     """The space's HNSW (cosine) index; True when it was built now. Built once over a loaded space (the
-    search-index stage), not maintained row by row during a bulk load: ~10x cheaper for 40K vectors."""
+    search-index stage), not maintained row by row during a bulk load: ~10x cheaper for 40K vectors.
+    A background build of it running now is waited for, not duplicated."""
     if has_vector_index(conn, table):
         return False
     with conn.transaction():
         # Two runs building it at once failed with UniqueViolation on the index name: one at a time, and the
-        # second finds it built.
+        # second finds it built. A background build holds the build lock until it is done: wait for it.
+        conn.execute("SELECT pg_advisory_xact_lock(%s, " + _BUILD_KEY + ")", (BUILD_LOCK_CLASS, table))
         ddl_lock(conn)
-        # pg_class itself, not to_regclass: the catalog cache of a transaction that waited on an advisory lock
-        # has not seen the other session's index yet
-        if conn.execute("SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-                        " WHERE c.relname = %s AND n.nspname = current_schema())",
-                        (vector_index_name(table),)).fetchone()[0]:
-            return False
+        if vector_index_exists(conn, table):
+            if conn.execute("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass("
+                            "quote_ident(current_schema()) || '.' || quote_ident(%s))",
+                            (vector_index_name(table),)).fetchone()[0]:
+                return False
+            # left INVALID by a background build that was killed or cancelled
+            conn.execute(sql.SQL("DROP INDEX {i}").format(i=own(conn, vector_index_name(table))))
         # pgvector builds the graph in memory when it fits in maintenance_work_mem (default 64 MB: 40K
         # 384-d vectors spill, and the build takes ~2x longer). Local to this transaction.
         conn.execute("SET LOCAL maintenance_work_mem = '1GB'")
-        conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} USING hnsw (embedding vector_cosine_ops)"
-                             " WITH (m = {m}, ef_construction = {e})").format(
-            i=sql.Identifier(vector_index_name(table)), t=sql.Identifier(table), m=sql.Literal(HNSW_M),
-            e=sql.Literal(HNSW_EF_CONSTRUCTION)))
+        conn.execute(_create_index_sql(table, concurrently=False))
     return True
 
 
 def drop_vector_index(conn: psycopg.Connection, table: str) -> bool:
-    """Drop the HNSW index before a large load (rebuilt by the search-index stage); True if it existed."""
-    if not has_vector_index(conn, table):
-        return False
+    """Drop the HNSW index before a large load (rebuilt by the search-index stage); True if it existed. A
+    background build of it is cancelled first: the load would otherwise go through it row by row."""
+    cancelled = cancel_build(conn, table)
+    if not vector_index_exists(conn, table):
+        return cancelled
     with conn.transaction():
+        # the cancelled build lets go of its lock once its rollback is done
+        conn.execute("SELECT pg_advisory_xact_lock(%s, " + _BUILD_KEY + ")", (BUILD_LOCK_CLASS, table))
         ddl_lock(conn)
         conn.execute(sql.SQL("DROP INDEX IF EXISTS {i}").format(i=own(conn, vector_index_name(table))))
     return True

@@ -37,7 +37,9 @@ def source_status(conn: psycopg.Connection, source_keys: list[str] | None = None
         active = spaces.active_space(conn)
         table = active[2] if active else None
         model, dimension = (active[0], active[1]) if active else (None, None)
-    vector_index = spaces.has_vector_index(conn, table) if table else False
+    index_state = spaces.vector_index_state(conn, table) if table else None
+    vector_index = index_state == "ready"
+
     rows = conn.execute(
         "SELECT key, kind, root, indexed_commit, listed_at, last_run_at, last_run_status, last_run_stats"
         " FROM sources WHERE %s::text[] IS NULL OR key = ANY(%s) ORDER BY key",
@@ -86,6 +88,7 @@ def source_status(conn: psycopg.Connection, source_keys: list[str] | None = None
             "last_run_status": last_status, "last_run": last_stats or {},
             "embedding_model": model, "embedding_dimension": dimension,
             "vector_index": vector_index,   # False between a large load and the search-index stage
+            "vector_index_state": index_state,   # ready | building (in the background) | missing | None
         })
     return result
 
