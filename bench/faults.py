@@ -79,7 +79,9 @@ def start_index(env: Env, config: Path, calls: Path, trace: Path, *extra: str) -
     # while, and the time to stop is the process's, not theirs.
     out = tempfile.NamedTemporaryFile("w+", prefix="kb-out-", delete=False)
     err = tempfile.NamedTemporaryFile("w+", prefix="kb-err-", delete=False)
-    proc = subprocess.Popen([PY, "-m", "kb_assets.cli", "index", "--config", str(config), "--json", *extra],
+    # --wait-index: a large corpus's HNSW build goes to the background; the end state compared includes it
+    proc = subprocess.Popen([PY, "-m", "kb_assets.cli", "index", "--config", str(config), "--json", "--wait-index",
+                             *extra],
                             env=env.vars(calls, trace), stdout=out, stderr=err, text=True, cwd=str(REPO))
     proc.out_path, proc.err_path = out.name, err.name   # type: ignore[attr-defined]
     out.close()
@@ -224,7 +226,8 @@ def snapshot(url: str) -> dict:
                                        f' (SELECT 1 FROM chunks c WHERE c.chunk_hash = e.chunk_hash)')[0][0]
             snap["missing_vectors"] = q(f'SELECT count(DISTINCT c.chunk_hash) FROM chunks c WHERE NOT EXISTS'
                                         f' (SELECT 1 FROM "{table}" e WHERE e.chunk_hash = c.chunk_hash)')[0][0]
-            snap["vector_index"] = q("SELECT to_regclass(%s) IS NOT NULL", f"{table}_hnsw"[:63])[0][0]
+            snap["vector_index"] = q("SELECT coalesce((SELECT indisvalid FROM pg_index WHERE indexrelid ="
+                                     " to_regclass(%s)), false)", f"{table}_hnsw"[:63])[0][0]   # built, valid
         snap["lexemes"] = dict(q("SELECT lexeme, ndoc FROM lexeme_stats"))
         totals = q("SELECT n_chunks, n_lexemes FROM query_stats")
         snap["query_totals"] = tuple(totals[0]) if totals else None

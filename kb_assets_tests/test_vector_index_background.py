@@ -96,6 +96,34 @@ def test_the_answer_comes_before_the_build_and_is_exact_meanwhile(repo, db_url, 
     assert f"{table}: vector index built" in log
 
 
+def test_a_first_load_returns_without_waiting_for_the_build(repo, db_url, conn, background_from_one_row):
+    """A first load activates the space, refreshes recall()'s statistics (whose first run adds triggers to the
+    vector table) and only then starts the concurrent build: DDL behind a running build would wait for all of
+    it. A transaction holding an old snapshot stalls the build at its end (it waits for older snapshots while
+    holding the table's lock), so a stage that waited for it would not return here."""
+    from kb_assets.pipeline import chunk_source, run_embeddings_stage, sync_documents
+
+    cfg = _cfg(repo, db_url)
+    emb = CountingEmbedder()
+    sync_documents(conn, cfg, cfg.source("docs"))
+    chunk_source(conn, "docs", max_tokens=emb.max_tokens, count_tokens=emb.count_tokens)
+    run_embeddings_stage(conn, emb, "docs")
+    with connect(db_url, autocommit=False) as old_snapshot:
+        old_snapshot.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        old_snapshot.execute("SELECT count(*) FROM documents")
+        conn.execute("SET lock_timeout = '20s'")     # a stage waiting behind the build fails, not hangs
+        t0 = time.perf_counter()
+        stats = build_search_index(conn, emb.model, emb.dimension)
+        assert time.perf_counter() - t0 < 20
+        conn.execute("RESET lock_timeout")
+        assert stats.activated and stats.query_stats_refreshed and stats.vector_index_background
+        table = spaces.active_space(conn)[2]
+        assert spaces.vector_index_state(conn, table) == "building"
+        assert _recall(conn, emb).documents
+        old_snapshot.rollback()
+    assert vector_index_build.wait_ready(conn, table, timeout=60) == "ready"
+
+
 def test_a_killed_build_leaves_no_half_index_and_the_next_run_finishes_it(repo, db_url, conn,
                                                                           background_from_one_row):
     emb, table = _indexed_without_vector_index(repo, db_url, conn)

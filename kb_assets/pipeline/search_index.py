@@ -75,18 +75,13 @@ def _build_search_index(conn, model, dimension, *, refresh_query, index_changed,
     # Without another space answering meanwhile (a first load, or the space in use after a large load), a
     # large build need not hold up the answer: activate now, build in the background. A model change keeps
     # the rule above: the old space answers until the new one is complete *and* indexed.
-    if needs_index and background and (active is None or in_use) and stats.space_missing == 0 \
-            and vector_index_build.worth_background(conn, table):
+    build_after = needs_index and background and (active is None or in_use) and stats.space_missing == 0 \
+        and vector_index_build.worth_background(conn, table)
+    if build_after:
+        needs_index = False
         if not in_use:
             spaces.activate_space(conn, model, dimension)
             stats.activated = in_use = True
-        t0 = time.perf_counter()
-        if vector_index_build.start(conn, table) is not None:
-            stats.vector_index_background = True
-            needs_index = False
-            log.info("%s: vector index building in the background (queries scan every vector until it is"
-                     " ready)", table)
-        stats.vector_index_seconds = round(time.perf_counter() - t0, 3)
     if needs_index:
         t0 = time.perf_counter()
         progress.start(f"{model}: building the vector index", total=None)
@@ -104,6 +99,21 @@ def _build_search_index(conn, model, dimension, *, refresh_query, index_changed,
         if index_changed or never or stats.activated or stats.vector_index_built:
             stats.query_stats = refresh_query_stats(conn)
             stats.query_stats_refreshed = True
+    if build_after:
+        # after the refresh: its first one adds triggers to the vector table, DDL that would wait for the
+        # whole concurrent build
+        t0 = time.perf_counter()
+        if vector_index_build.start(conn, table) is not None:
+            stats.vector_index_background = True
+            log.info("%s: vector index building in the background (queries scan every vector until it is"
+                     " ready)", table)
+        else:
+            progress.start(f"{model}: building the vector index", total=None)
+            try:
+                stats.vector_index_built = spaces.ensure_vector_index(conn, table)
+            finally:
+                progress.done()
+        stats.vector_index_seconds = round(time.perf_counter() - t0, 3)
     stats.seconds = round(time.perf_counter() - started, 3)
     return stats
 

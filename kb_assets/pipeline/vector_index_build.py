@@ -12,7 +12,7 @@ How the build stays safe:
   it runs, so "building" is always a live session, never a stale flag.
 - A build that is killed, cancelled or loses its server leaves the index missing or INVALID; the next
   `kb index` (any run, an unchanged one included: `resume`) drops the leftover and starts it again.
-- It runs at lower CPU priority with no parallel workers: the small runs that follow a first load come first.
+- It runs at the lowest CPU priority (nice 19) with no parallel workers: the small runs that follow a first load come first.
 - On the embedded database it holds its own pgserver handle, so the server outlives the `kb index` that
   started it until the build is done.
 - A stage that must have the index now (`ensure_vector_index`) waits for a running build instead of
@@ -131,16 +131,21 @@ def wait_ready(conn: psycopg.Connection, table: str | None = None, *, timeout: f
 
 
 def _embedded_pgdata(conn: psycopg.Connection) -> Path | None:
-    """The embedded server's data folder when this connection goes to one (pgserver keeps its handle file
-    there): the builder must hold a handle of its own, or the server stops when `kb index` exits."""
-    from kb_assets.store.db import HANDLE_FILE
+    """kb's embedded server's data folder when this connection goes to it (this process holds a handle on it):
+    the builder must hold a handle of its own, or the server stops when `kb index` exits. A configured
+    database_url is never joined, even one served by someone else's pgserver."""
+    from kb_assets.store import db
 
+    with db._servers_lock:
+        ours = {str(Path(k).resolve()) for k in db._servers}
+    if not ours:
+        return None
     try:
         with conn.transaction():
-            folder = Path(conn.execute("SHOW data_directory").fetchone()[0])
+            folder = Path(conn.execute("SHOW data_directory").fetchone()[0]).resolve()
     except psycopg.Error:
         return None               # not allowed to read it: not our embedded server
-    return folder if (folder / HANDLE_FILE).exists() else None
+    return folder if str(folder) in ours else None
 
 
 def log_path(pgdata: Path | None) -> Path:
@@ -164,7 +169,7 @@ def _lower_priority(conn: psycopg.Connection) -> None:
         return
     try:
         backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
-        os.setpriority(os.PRIO_PROCESS, backend, min(19, os.getpriority(os.PRIO_PROCESS, backend) + 10))
+        os.setpriority(os.PRIO_PROCESS, backend, 19)
     except (OSError, psycopg.Error):
         pass
 

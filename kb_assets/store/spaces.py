@@ -85,7 +85,7 @@ def has_vector_index(conn: psycopg.Connection, table: str) -> bool:
 
 # A background build (pipeline/vector_index_build.py) holds this session-level advisory lock, keyed by the
 # table, for as long as it runs: "building" is a lock someone holds, so a killed build never looks alive.
-BUILD_LOCK_CLASS = 0x6B62_0002
+BUILD_LOCK_CLASS = 0x6B62_0010   # (two-key advisory locks: a space of their own beside kb's bigint keys)
 _BUILD_KEY = "hashtext(current_schema() || '.' || %s)"
 
 
