@@ -183,8 +183,10 @@ def build(conn: psycopg.Connection, table: str) -> str:
     if spaces.vector_index_exists(conn, table):   # INVALID, left by a killed or cancelled build
         conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {i}").format(
             i=spaces.own(conn, spaces.vector_index_name(table))))
-    # a killed builder's backend notices within seconds and stops, rather than building for nobody
-    conn.execute("SET client_connection_check_interval = '2s'")
+    # a killed builder's backend notices within seconds and stops, rather than building for nobody (PostgreSQL
+    # 14 and later; an older server finishes the build for nobody, which the next one then finds done)
+    if conn.info.server_version >= 140000:
+        conn.execute("SET client_connection_check_interval = '2s'")
     conn.execute("SET maintenance_work_mem = '1GB'")      # the graph in memory (see ensure_vector_index)
     conn.execute("SET max_parallel_maintenance_workers = 0")
     _lower_priority(conn)
