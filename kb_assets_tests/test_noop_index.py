@@ -45,15 +45,20 @@ def _check_state(db_url: str) -> tuple[str, str, int]:
     return checked_at, fp, n_vectors
 
 
-def test_unchanged_reindex_makes_no_embedding_call_and_loads_no_model(tmp_path, db_url):
-    from kb_assets.query.regression import load_queries
-
-    docs = tmp_path / "docs"
+def write_adrs(docs: Path, n_docs: int = 3) -> Path:
+    """A folder of small ADRs (also the corpus of test_vector_index_background's whole-process test)."""
     docs.mkdir()
-    for n in range(1, 4):
+    for n in range(1, n_docs + 1):
         (docs / f"ADR-{n}.md").write_text(
             f"# ADR {n}: decision number {n}\n\n## Context\n\nStreams need retention rule {n} because storage "
             f"grows without bound.\n\n## Decision\n\nWe keep {n * 7} days of messages per stream.\n")
+    return docs
+
+
+def test_unchanged_reindex_makes_no_embedding_call_and_loads_no_model(tmp_path, db_url):
+    from kb_assets.query.regression import load_queries
+
+    docs = write_adrs(tmp_path / "docs")
     cfg = tmp_path / "kb.yaml"
     cfg.write_text(json.dumps({"data_dir": str(tmp_path / "data"), "database_url": db_url,
                                "sources": [{"key": "adrs", "kind": "adr", "root": str(docs),

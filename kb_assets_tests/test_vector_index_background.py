@@ -3,6 +3,7 @@ exact meanwhile, a killed build leaves nothing half-made that a later run does n
 server outlives the `kb index` that started the build. Real embedded PostgreSQL, real builder processes."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ import pytest
 from kb_assets.pipeline import build_search_index, vector_index_build
 from kb_assets.store import spaces
 from kb_assets.store.db import connect
+from kb_assets_tests.test_noop_index import write_adrs
 from kb_assets_tests.test_pipeline import CountingEmbedder, _cfg, _index, repo  # noqa: F401 (fixture)
 
 QUESTION = "retry delay after each failure"
@@ -55,6 +57,17 @@ def _indexed_without_vector_index(repo, db_url, conn):
     assert spaces.has_vector_index(conn, table)
     assert spaces.drop_vector_index(conn, table)   # as a large load leaves the space in use
     return emb, table
+
+
+@contextlib.contextmanager
+def _build_caught_midway(db_url, conn, emb, table):
+    """A background build started and held in the middle: a writer's open transaction on the table (row-exclusive
+    lock) lets CREATE INDEX CONCURRENTLY create its INVALID index, then makes it wait. Yields the writer."""
+    with connect(db_url, autocommit=False) as writer:
+        writer.execute(f'DELETE FROM "{table}" WHERE false')
+        assert build_search_index(conn, emb.model, emb.dimension, index_changed=False).vector_index_background
+        _wait(lambda: spaces.vector_index_exists(conn, table), what="the concurrent build's index entry")
+        yield writer
 
 
 def _recall(conn, emb):
@@ -127,10 +140,7 @@ def test_a_first_load_returns_without_waiting_for_the_build(repo, db_url, conn, 
 def test_a_killed_build_leaves_no_half_index_and_the_next_run_finishes_it(repo, db_url, conn,
                                                                           background_from_one_row):
     emb, table = _indexed_without_vector_index(repo, db_url, conn)
-    with connect(db_url, autocommit=False) as writer:
-        writer.execute(f'DELETE FROM "{table}" WHERE false')
-        assert build_search_index(conn, emb.model, emb.dimension, index_changed=False).vector_index_background
-        _wait(lambda: spaces.vector_index_exists(conn, table), what="the concurrent build's index entry")
+    with _build_caught_midway(db_url, conn, emb, table) as writer:
         (builder,) = _builders()
         os.kill(builder.pid, signal.SIGKILL)
         # its backend sees the client gone (client_connection_check_interval) and lets go of the build lock
@@ -147,10 +157,7 @@ def test_a_killed_build_leaves_no_half_index_and_the_next_run_finishes_it(repo, 
 def test_a_large_load_cancels_a_running_build_instead_of_inserting_through_it(repo, db_url, conn,
                                                                              background_from_one_row):
     emb, table = _indexed_without_vector_index(repo, db_url, conn)
-    with connect(db_url, autocommit=False) as writer:
-        writer.execute(f'DELETE FROM "{table}" WHERE false')
-        assert build_search_index(conn, emb.model, emb.dimension, index_changed=False).vector_index_background
-        _wait(lambda: spaces.vector_index_exists(conn, table), what="the concurrent build's index entry")
+    with _build_caught_midway(db_url, conn, emb, table) as writer:
         writer.rollback()   # (drop_vector_index waits for the cancelled build to let go, not for this one)
         assert spaces.drop_vector_index(conn, table)
     assert spaces.build_holder(conn, table) is None and not spaces.vector_index_exists(conn, table)
@@ -163,12 +170,7 @@ def test_a_large_load_cancels_a_running_build_instead_of_inserting_through_it(re
 def test_kb_index_returns_before_the_build_and_the_embedded_server_outlives_it(tmp_path):
     """The whole process on the embedded database: `kb index` exits while the build runs (its builder holds its
     own server handle), the build finishes, and the next `kb index --wait-index` reports the index ready."""
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    for n in range(1, 4):
-        (docs / f"ADR-{n}.md").write_text(
-            f"# ADR {n}: decision number {n}\n\n## Context\n\nStreams need retention rule {n} because storage "
-            f"grows without bound.\n\n## Decision\n\nWe keep {n * 7} days of messages per stream.\n")
+    docs = write_adrs(tmp_path / "docs")
     cfg = tmp_path / "kb.yaml"
     data = Path("/tmp") / f"kbvi-{os.getpid()}"    # a short path: the server's unix socket lives there
     cfg.write_text(json.dumps({"data_dir": str(data), "sources": [{"key": "adrs", "kind": "adr",

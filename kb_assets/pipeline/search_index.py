@@ -84,11 +84,7 @@ def _build_search_index(conn, model, dimension, *, refresh_query, index_changed,
             stats.activated = in_use = True
     if needs_index:
         t0 = time.perf_counter()
-        progress.start(f"{model}: building the vector index", total=None)
-        try:
-            stats.vector_index_built = spaces.ensure_vector_index(conn, table)
-        finally:
-            progress.done()
+        stats.vector_index_built = _build_now(conn, table, model, progress)
         stats.vector_index_seconds = round(time.perf_counter() - t0, 3)
     cancel.check()
     if not in_use and stats.space_missing == 0:
@@ -108,14 +104,18 @@ def _build_search_index(conn, model, dimension, *, refresh_query, index_changed,
             log.info("%s: vector index building in the background (queries scan every vector until it is"
                      " ready)", table)
         else:
-            progress.start(f"{model}: building the vector index", total=None)
-            try:
-                stats.vector_index_built = spaces.ensure_vector_index(conn, table)
-            finally:
-                progress.done()
+            stats.vector_index_built = _build_now(conn, table, model, progress)
         stats.vector_index_seconds = round(time.perf_counter() - t0, 3)
     stats.seconds = round(time.perf_counter() - started, 3)
     return stats
+
+
+def _build_now(conn, table: str, model: str, progress: Progress) -> bool:
+    progress.start(f"{model}: building the vector index", total=None)
+    try:
+        return spaces.ensure_vector_index(conn, table)
+    finally:
+        progress.done()
 
 
 def stages_changed(documents: dict, chunks: dict, embeddings: dict) -> bool:
