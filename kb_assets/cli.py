@@ -194,11 +194,11 @@ def _index(args, run) -> int:
         # the vector index of the space in use: a background build that was killed starts again (cheap when
         # all is well); --wait-index waits for it
         vector_index = vector_index_build.resume(conn)
-        if vector_index == "building" and not args.quiet and not args.wait_index:
-            console.print("kb index: the vector index is building in the background; queries scan every vector "
-                          "until it is ready (correct, slower). `kb status` shows it; --wait-index waits.")
         if vector_index == "building" and args.wait_index:
             vector_index = vector_index_build.wait_ready(conn)
+        elif vector_index == "building" and not args.quiet:
+            console.print("kb index: the vector index is building in the background; queries scan every vector "
+                          "until it is ready (correct, slower). `kb status` shows it; --wait-index waits.")
         elapsed = time.perf_counter() - started
         from kb_assets.store.status import source_status
 

@@ -99,7 +99,7 @@ def _build_search_index(conn, model, dimension, *, refresh_query, index_changed,
         # after the refresh: its first one adds triggers to the vector table, DDL that would wait for the
         # whole concurrent build
         t0 = time.perf_counter()
-        if vector_index_build.start(conn, table) is not None:
+        if vector_index_build.start(conn, table):
             stats.vector_index_background = True
             log.info("%s: vector index building in the background (queries scan every vector until it is"
                      " ready)", table)

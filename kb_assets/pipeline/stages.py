@@ -71,7 +71,7 @@ def chunks(key: str, embedder, run_stage: RunStage, progress: Progress = null_pr
     def stage(conn):
         first_load = first_load_ahead(conn, key)
         if beside is not None and not beside.decided.is_set():
-            beside.follow = first_load and _space_unindexed(conn, embedder)
+            beside.follow = follows_chunking(conn, key, embedder, first_load=first_load)
             beside.decided.set()
         # the model loads while this stage cuts: the embedding stage needs it next, in this process; a step
         # of its own in another process would load it for nothing
@@ -113,14 +113,16 @@ def embeddings(cfg: KbConfig, key: str, embedder, run_stage: RunStage, progress:
     return run_stage(key, trace_as("kb_embeddings", stage))
 
 
-def follows_chunking(conn, key: str, embedder) -> bool:
+def follows_chunking(conn, key: str, embedder, *, first_load: bool | None = None) -> bool:
     """Whether the embedding stage embeds chunks while the chunk stage still writes them: on a first load (most of
     the source never chunked), into a vector space without its HNSW index yet. Into an indexed space each vector
     would go through the index (~10x a bulk build per vector: the stage drops the index only for a load it can
     count, which a stage running beside the chunk stage cannot)."""
     from kb_assets.pipeline.chunks import first_load_ahead
 
-    return first_load_ahead(conn, key) and _space_unindexed(conn, embedder)
+    if first_load is None:          # the chunk stage passes what it read already
+        first_load = first_load_ahead(conn, key)
+    return first_load and _space_unindexed(conn, embedder)
 
 
 def _space_unindexed(conn, embedder) -> bool:

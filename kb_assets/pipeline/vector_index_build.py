@@ -60,12 +60,11 @@ def worth_background(conn: psycopg.Connection, table: str) -> bool:
 
 # ---- the side that starts it (the search-index stage, `kb index`) ------------------------------------------
 
-def start(conn: psycopg.Connection, table: str) -> int | None:
-    """Start a detached build of `table`'s index unless one is running; the builder's pid once it holds the
-    build lock (or the pid of the build already running, as its backend pid's owner is unknown: 0), None if it
-    could not start (the caller builds in the run instead)."""
+def start(conn: psycopg.Connection, table: str) -> bool:
+    """Start a detached build of `table`'s index unless one is running. True once a build runs (it holds the
+    build lock) or is done; False if it could not start (the caller builds in the run instead)."""
     if spaces.build_holder(conn, table) is not None:
-        return 0
+        return True
     schema = conn.execute("SELECT current_schema()").fetchone()[0]
     pgdata = _embedded_pgdata(conn)
     env = dict(os.environ)
@@ -84,7 +83,7 @@ def start(conn: psycopg.Connection, table: str) -> int | None:
                                 start_new_session=True, close_fds=True, cwd="/")
     except OSError as exc:
         log.warning("could not start the background build of %s's vector index: %s", table, exc)
-        return None
+        return False
     finally:
         if err is not subprocess.DEVNULL:
             err.close()
@@ -93,12 +92,12 @@ def start(conn: psycopg.Connection, table: str) -> int | None:
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if spaces.build_holder(conn, table) is not None:
-            return proc.pid
+            return True
         if proc.poll() is not None:    # exited: built by someone else meanwhile, or failed (see the log)
-            return proc.pid if spaces.has_vector_index(conn, table) else None
+            return spaces.has_vector_index(conn, table)
         time.sleep(0.05)
     proc.kill()
-    return None
+    return False
 
 
 def resume(conn: psycopg.Connection) -> str | None:
@@ -109,7 +108,7 @@ def resume(conn: psycopg.Connection) -> str | None:
         return None
     table = active[2]
     state = spaces.vector_index_state(conn, table)
-    if state == "missing" and start(conn, table) is not None:
+    if state == "missing" and start(conn, table):
         state = spaces.vector_index_state(conn, table)
     return state
 
@@ -190,7 +189,7 @@ def build(conn: psycopg.Connection, table: str) -> str:
     conn.execute("SET maintenance_work_mem = '1GB'")      # the graph in memory (see ensure_vector_index)
     conn.execute("SET max_parallel_maintenance_workers = 0")
     _lower_priority(conn)
-    conn.execute(spaces._create_index_sql(table, concurrently=True))
+    conn.execute(spaces.create_index_sql(table, concurrently=True))
     conn.execute(sql.SQL("ANALYZE {t}").format(t=sql.Identifier(table)))
     return "built"
 

@@ -73,14 +73,20 @@ def vector_index_name(table: str) -> str:
     return f"{table}_hnsw"[:63]
 
 
+def _index_validity(conn: psycopg.Connection, table: str) -> bool | None:
+    """None: the space has no index of that name; else whether it is valid (one a background build is still
+    writing, or one a killed build left INVALID, is not used by the planner). Our schema only — a connection
+    whose search_path goes on to another schema never sees that schema's index — and read from pg_class
+    itself: the catalog cache of a transaction that waited on a lock has not seen another session's index yet."""
+    row = conn.execute("SELECT i.indisvalid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                       " JOIN pg_index i ON i.indexrelid = c.oid WHERE c.relname = %s AND n.nspname = current_schema()",
+                       (vector_index_name(table),)).fetchone()
+    return row[0] if row else None
+
+
 def has_vector_index(conn: psycopg.Connection, table: str) -> bool:
-    """The space has its HNSW index, built and valid (one a background build is still writing, or one a killed
-    build left INVALID, is not used by the planner and does not count)."""
-    # qualified: a connection whose search_path goes on to another schema never sees that schema's index
-    return conn.execute(
-        "SELECT coalesce((SELECT indisvalid FROM pg_index WHERE indexrelid ="
-        " to_regclass(quote_ident(current_schema()) || '.' || quote_ident(%s))), false)",
-        (vector_index_name(table),)).fetchone()[0]
+    """The space has its HNSW index, built and valid."""
+    return _index_validity(conn, table) is True
 
 
 # A background build (pipeline/vector_index_build.py) holds this session-level advisory lock, keyed by the
@@ -123,14 +129,16 @@ def cancel_build(conn: psycopg.Connection, table: str) -> bool:
 
 
 def vector_index_exists(conn: psycopg.Connection, table: str) -> bool:
-    """Any index of that name in our schema, valid or not (pg_class itself: the catalog cache of a transaction
-    that waited on a lock has not seen another session's index yet)."""
-    return conn.execute("SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-                        " WHERE c.relname = %s AND n.nspname = current_schema())",
-                        (vector_index_name(table),)).fetchone()[0]
+    """Any index of that name in our schema, valid or not."""
+    return _index_validity(conn, table) is not None
 
 
-def _create_index_sql(table: str, *, concurrently: bool) -> sql.Composed:
+def _wait_build_lock(conn: psycopg.Connection, table: str) -> None:
+    """Inside a transaction: wait until no background build of the table runs, and keep one from starting."""
+    conn.execute("SELECT pg_advisory_xact_lock(%s, " + _BUILD_KEY + ")", (BUILD_LOCK_CLASS, table))
+
+
+def create_index_sql(table: str, *, concurrently: bool) -> sql.Composed:
     return sql.SQL("CREATE INDEX {c} IF NOT EXISTS {i} ON {t} USING hnsw (embedding vector_cosine_ops)"
                    " WITH (m = {m}, ef_construction = {e})").format(
         c=sql.SQL("CONCURRENTLY" if concurrently else ""), i=sql.Identifier(vector_index_name(table)),
@@ -146,19 +154,17 @@ def ensure_vector_index(conn: psycopg.Connection, table: str) -> bool:
     with conn.transaction():
         # Two runs building it at once failed with UniqueViolation on the index name: one at a time, and the
         # second finds it built. A background build holds the build lock until it is done: wait for it.
-        conn.execute("SELECT pg_advisory_xact_lock(%s, " + _BUILD_KEY + ")", (BUILD_LOCK_CLASS, table))
+        _wait_build_lock(conn, table)
         ddl_lock(conn)
-        if vector_index_exists(conn, table):
-            if conn.execute("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass("
-                            "quote_ident(current_schema()) || '.' || quote_ident(%s))",
-                            (vector_index_name(table),)).fetchone()[0]:
-                return False
-            # left INVALID by a background build that was killed or cancelled
+        valid = _index_validity(conn, table)
+        if valid:
+            return False
+        if valid is False:     # left INVALID by a background build that was killed or cancelled
             conn.execute(sql.SQL("DROP INDEX {i}").format(i=own(conn, vector_index_name(table))))
         # pgvector builds the graph in memory when it fits in maintenance_work_mem (default 64 MB: 40K
         # 384-d vectors spill, and the build takes ~2x longer). Local to this transaction.
         conn.execute("SET LOCAL maintenance_work_mem = '1GB'")
-        conn.execute(_create_index_sql(table, concurrently=False))
+        conn.execute(create_index_sql(table, concurrently=False))
     return True
 
 
@@ -169,8 +175,7 @@ def drop_vector_index(conn: psycopg.Connection, table: str) -> bool:
     if not vector_index_exists(conn, table):
         return cancelled
     with conn.transaction():
-        # the cancelled build lets go of its lock once its rollback is done
-        conn.execute("SELECT pg_advisory_xact_lock(%s, " + _BUILD_KEY + ")", (BUILD_LOCK_CLASS, table))
+        _wait_build_lock(conn, table)     # the cancelled build lets go once its rollback is done
         ddl_lock(conn)
         conn.execute(sql.SQL("DROP INDEX IF EXISTS {i}").format(i=own(conn, vector_index_name(table))))
     return True
