@@ -1,6 +1,7 @@
 """A `kb index` with nothing changed costs nothing: no embedding call, no model load (torch and
-sentence-transformers are never imported), and the regression check reports its stored result. When the index
-does change, the check runs again but its query vectors come from the cache. Whole `kb index` processes
+sentence-transformers are never imported), and the regression check reports its stored result. When the real
+index changes, the check still reports it (it depends on its own schema only); when its own index changes, it
+runs again, its query vectors from the cache. Whole `kb index` processes
 (the CLI runs the Dagster job with its checks), real embedded PostgreSQL, real local model. Not timed."""
 from __future__ import annotations
 
@@ -45,6 +46,16 @@ def _check_state(db_url: str) -> tuple[str, str, int]:
     return checked_at, fp, n_vectors
 
 
+def _check_outcome(db_url: str, out: dict) -> dict:
+    """The regression check's outcome in the run `out` reported: a small change runs without Dagster, and
+    stores what its checks found in direct_runs."""
+    assert out["sources"][0]["runner"] == "direct", out["sources"][0]
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        checks = conn.execute("SELECT checks FROM kb.direct_runs ORDER BY id DESC LIMIT 1").fetchone()[0]
+    found = next(c for c in checks if c["name"] == "recall_regression_set")
+    return {"passed": found["passed"], **found["metadata"]}
+
+
 def write_adrs(docs: Path, n_docs: int = 3) -> Path:
     """A folder of small ADRs (also the corpus of test_vector_index_background's whole-process test)."""
     docs.mkdir()
@@ -75,12 +86,26 @@ def test_unchanged_reindex_makes_no_embedding_call_and_loads_no_model(tmp_path, 
     # the regression check reported its stored result (same fingerprint, not run again)
     assert _check_state(db_url) == (checked_1, fp_1, n_vectors)
 
-    # the index changes: the check runs again, with the cached query vectors (no query embedded again)
+    # the real index changes: the regression check depends on nothing of it (its own schema, the embedder,
+    # kb's code), so it reports its stored result without indexing its corpus or running a query
     (docs / "ADR-2.md").write_text(
         "# ADR 2: decision number 2, revised\n\n## Context\n\nStreams need a longer retention because replays "
         "of old messages are common.\n\n## Decision\n\nWe keep 30 days of messages per stream from now on.\n")
     third, _ = _kb_index(cfg)
     assert _embedded(third) >= 1
-    checked_3, fp_3, n_vectors_3 = _check_state(db_url)
-    assert fp_3 != fp_1 and checked_3 != checked_1
-    assert n_vectors_3 == n_vectors
+    assert _check_state(db_url) == (checked_1, fp_1, n_vectors)
+    assert _check_outcome(db_url, third)["reused"] is True
+
+    # its own index is damaged: the corpus is indexed again and the set runs again, with the cached query
+    # vectors (no query embedded again)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("SET search_path TO kb_regression")    # its triggers read their schema's tables
+        assert conn.execute("DELETE FROM documents WHERE path = (SELECT min(path) FROM documents"
+                            " WHERE status = 'active')").rowcount == 1
+    (docs / "ADR-3.md").write_text("# ADR 3: decision number 3, withdrawn\n\nWe keep no extra days.\n")
+    fourth, _ = _kb_index(cfg)
+    checked_4, fp_4, n_vectors_4 = _check_state(db_url)
+    assert fp_4 != fp_1 and checked_4 != checked_1
+    assert n_vectors_4 == n_vectors
+    outcome = _check_outcome(db_url, fourth)
+    assert outcome["reused"] is False and outcome["passed"] is True and outcome["query_vectors_embedded"] == 0

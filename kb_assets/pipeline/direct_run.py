@@ -134,15 +134,20 @@ def run_source(cfg: KbConfig, key: str, *, progress: Progress = null_progress) -
 
     source = [cfg.source(key)]
 
-    def scans() -> list[CheckOutcome]:        # the checks that scan every chunk
+    def scans() -> list[CheckOutcome]:        # the checks that scan every chunk: one scan for the three
         def read(conn) -> list[CheckOutcome]:
-            return [checks.every_chunk_embedded(conn, embedder.model, embedder.dimension), checks.no_orphans(conn)]
+            from kb_assets.store import health, spaces
+
+            cover = health.chunk_coverage(conn, spaces.space_table(conn, embedder.model, embedder.dimension))
+            return [checks.every_chunk_embedded(conn, embedder.model, embedder.dimension, coverage=cover),
+                    checks.vector_keyword_parity(conn, source, coverage=cover),
+                    checks.no_orphans(conn, coverage=cover)]
         return run_stage(None, read, lock=False)
 
     def the_rest() -> list[CheckOutcome]:
         def read(conn) -> list[CheckOutcome]:
             return [checks.signpost_failure_rate(conn), checks.indexed_commit_matches_tip(conn, cfg, source),
-                    checks.vector_keyword_parity(conn, source), checks.tags_in_vocabulary(conn, cfg)]
+                    checks.tags_in_vocabulary(conn, cfg)]
         found = run_stage(None, read, lock=False)
         return found + [run_stage(":regression-check", lambda conn: checks.recall_regression_set(cfg, embedder))]
 

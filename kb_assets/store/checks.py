@@ -39,32 +39,31 @@ class CheckOutcome:
                    {k: (t["rows"], t["columns"]) for k, t in (d.get("tables") or {}).items()})
 
 
-def every_chunk_embedded(conn: psycopg.Connection, model: str, dimension: int) -> CheckOutcome:
-    from kb_assets.store import spaces
+def every_chunk_embedded(conn: psycopg.Connection, model: str, dimension: int, *,
+                         coverage: dict | None = None) -> CheckOutcome:
+    """`coverage`: a health.chunk_coverage of this model's space taken after the stages (the direct run
+    shares one scan among the checks); computed here otherwise."""
+    from kb_assets.store import health, spaces
 
     table = spaces.space_table(conn, model, dimension)
-    if table is None:
-        total = missing = conn.execute("SELECT count(DISTINCT chunk_hash) FROM chunks").fetchone()[0]
-    else:   # one scan for both
-        total, missing = conn.execute(
-            f'SELECT count(DISTINCT c.chunk_hash), count(DISTINCT c.chunk_hash) FILTER (WHERE NOT EXISTS'
-            f' (SELECT 1 FROM "{table}" e WHERE e.chunk_hash = c.chunk_hash)) FROM chunks c').fetchone()
+    if coverage is None or coverage["table"] != table:
+        coverage = health.chunk_coverage(conn, table)
     # per source, for the data engineer: which partition is incomplete
-    per_source = [dict(zip(("source", "chunks", "missing"), r)) for r in conn.execute(
-        "SELECT d.source_key, count(*), count(*) FILTER (WHERE %s::text IS NULL OR NOT EXISTS"
-        " (SELECT 1 FROM " + (f'"{table}"' if table else "(SELECT NULL::text AS chunk_hash) z") +
-        " e WHERE e.chunk_hash = c.chunk_hash))"
-        " FROM chunks c JOIN documents d ON d.id = c.document_id WHERE d.status = 'active'"
-        " GROUP BY 1 ORDER BY 1", (table,)).fetchall()]
+    per_source = [{"source": key, "chunks": row["chunks"], "missing": row["without_vector"]}
+                  for key, row in sorted(coverage["sources"].items())]
+    missing = coverage["missing_hashes"]
     return CheckOutcome("every_chunk_embedded", "kb_embeddings", missing == 0, metadata={
-        "model": model, "dimension": dimension, "chunk_hashes": total, "missing": missing},
+        "model": model, "dimension": dimension, "chunk_hashes": coverage["chunk_hashes"], "missing": missing},
         tables={"sources": (per_source, ["source", "chunks", "missing"])})
 
 
-def no_orphans(conn: psycopg.Connection) -> CheckOutcome:
-    orphan_chunks = conn.execute(
-        "SELECT count(*) FROM chunks c LEFT JOIN documents d ON d.id = c.document_id"
-        " WHERE d.id IS NULL OR d.status <> 'active'").fetchone()[0]
+def no_orphans(conn: psycopg.Connection, *, coverage: dict | None = None) -> CheckOutcome:
+    if coverage is not None:
+        orphan_chunks = coverage["orphan_chunks"]
+    else:
+        orphan_chunks = conn.execute(
+            "SELECT count(*) FROM chunks c LEFT JOIN documents d ON d.id = c.document_id"
+            " WHERE d.id IS NULL OR d.status <> 'active'").fetchone()[0]
     stale_chunks = conn.execute(
         "SELECT count(*) FROM documents WHERE status = 'active' AND chunked_hash IS DISTINCT FROM content_hash"
     ).fetchone()[0]
@@ -119,10 +118,16 @@ def indexed_commit_matches_tip(conn: psycopg.Connection, cfg: KbConfig,
                             ["source", "ref", "indexed", "tip", "commits behind", "drifted"])})
 
 
-def vector_keyword_parity(conn: psycopg.Connection, sources: list[SourceConfig]) -> CheckOutcome:
-    from kb_assets.store.health import parity
+def vector_keyword_parity(conn: psycopg.Connection, sources: list[SourceConfig], *,
+                          coverage: dict | None = None) -> CheckOutcome:
+    """`coverage`: as every_chunk_embedded's (used when it is of the active space)."""
+    from kb_assets.store import health, spaces
 
-    rows = [parity(conn, s.key) for s in sources]
+    active = spaces.active_space(conn)
+    table = active[2] if active else None
+    if coverage is None or coverage["table"] != table:
+        coverage = health.chunk_coverage(conn, table)
+    rows = [health.parity_from(coverage, active, s.key) for s in sources]
     no_vec = sum(r["without_vector"] for r in rows)
     no_kw = sum(r["without_keywords"] for r in rows)
     return CheckOutcome(

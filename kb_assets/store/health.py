@@ -38,14 +38,50 @@ def drift(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig) -> dict
     return out
 
 
+# a chunk with words but an empty keyword vector: keyword search can never find it
+_NO_KEYWORDS = "c.tsv IS NULL OR (c.tsv = ''::tsvector AND c.text ~ '[[:alpha:]]{2}')"
+
+
+def chunk_coverage(conn: psycopg.Connection, table: str | None) -> dict:
+    """Every chunk against its document and its vector in `table` (None: no space yet), in one scan with hash
+    joins — what the checks every_chunk_embedded, vector_keyword_parity and no_orphans each counted with
+    their own scans (up to five, correlated, ~0.3 s each on 55K chunks; this is ~0.2 s in all):
+
+    {"table", "sources": {key: {"chunks", "without_vector", "without_keywords"}} over active documents,
+     "orphan_chunks": chunks of no active document, "chunk_hashes" / "missing_hashes": distinct texts over
+     every chunk, and those without a vector}."""
+    vec = f'LEFT JOIN "{table}" e ON e.chunk_hash = c.chunk_hash' if table else \
+        "LEFT JOIN (SELECT NULL::text AS chunk_hash) e ON false"
+    sources: dict[str, dict] = {}
+    orphans = 0
+    for key, active, n, no_vec, no_kw in conn.execute(
+            "SELECT d.source_key, d.status = 'active', count(*), count(*) FILTER (WHERE e.chunk_hash IS NULL),"
+            f" count(*) FILTER (WHERE {_NO_KEYWORDS})"
+            f" FROM chunks c LEFT JOIN documents d ON d.id = c.document_id {vec} GROUP BY 1, 2"):
+        if active:
+            sources[key] = {"chunks": n, "without_vector": no_vec, "without_keywords": no_kw}
+        else:
+            orphans += n
+    hashes, missing = conn.execute(
+        "SELECT count(*), count(*) FILTER (WHERE e.chunk_hash IS NULL)"
+        f" FROM (SELECT DISTINCT chunk_hash FROM chunks) c {vec}").fetchone()
+    return {"table": table, "sources": sources, "orphan_chunks": orphans, "chunk_hashes": hashes,
+            "missing_hashes": missing}
+
+
+def parity_from(coverage: dict, active: tuple | None, source_key: str) -> dict:
+    """parity() of one source, from a chunk_coverage of the active space."""
+    row = coverage["sources"].get(source_key, {"chunks": 0, "without_vector": 0, "without_keywords": 0})
+    return {"source": source_key, "active_space": f"{active[0]}/{active[1]}" if active else None, **row}
+
+
 def parity(conn: psycopg.Connection, source_key: str) -> dict:
     """Active chunks of the source without a vector in the active space, and without a keyword vector
     (an empty tsvector for a chunk that has words: keyword search can never find it)."""
     active = spaces.active_space(conn)
     table = active[2] if active else None
     total, no_keywords = conn.execute(
-        "SELECT count(*), count(*) FILTER (WHERE c.tsv IS NULL OR (c.tsv = ''::tsvector"
-        "   AND c.text ~ '[[:alpha:]]{2}'))"
+        f"SELECT count(*), count(*) FILTER (WHERE {_NO_KEYWORDS})"
         " FROM chunks c JOIN documents d ON d.id = c.document_id"
         " WHERE d.source_key = %s AND d.status = 'active'", (source_key,)).fetchone()
     if table is None:

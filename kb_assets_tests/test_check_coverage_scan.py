@@ -1,0 +1,78 @@
+"""The coverage checks from one shared scan (health.chunk_coverage, what a small `kb index` without Dagster
+uses) report exactly what each check finds on its own, on a sound index and on one damaged in every way they
+look for: a lost vector, a chunk with words but no keywords, a chunk left behind by a deleted document, a
+vector of no chunk. Real embedded PostgreSQL; the fixed-cost stand-in embedder (no model needed here)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from kb_assets.config import parse_config
+from kb_assets.embedding import FixedCostEmbedder
+from kb_assets.pipeline import index_sources
+from kb_assets.store import checks, health, spaces
+
+PARA = "The queue keeps its work in PostgreSQL and takes batches with skip locked; retries back off. "
+
+
+def _outcomes(conn, embedder, sources, coverage):
+    return [(c.name, c.passed, c.metadata, c.tables) for c in (
+        checks.every_chunk_embedded(conn, embedder.model, embedder.dimension, coverage=coverage),
+        checks.vector_keyword_parity(conn, sources, coverage=coverage),
+        checks.no_orphans(conn, coverage=coverage))]
+
+
+def test_one_shared_scan_reports_what_each_check_finds_alone(tmp_path: Path, db_url, conn):
+    root = tmp_path / "docs"
+    root.mkdir()
+    for i in range(4):
+        (root / f"note-{i}.md").write_text(f"# Note {i}\n\n" + "\n\n".join(
+            f"## Part {j}\n\n{PARA * 3} Topic {i}-{j}." for j in range(3)), encoding="utf-8")
+    # the same text in two documents: distinct chunk texts are fewer than chunks
+    (root / "copy.md").write_text((root / "note-0.md").read_text(encoding="utf-8"), encoding="utf-8")
+    cfg = parse_config({"database_url": db_url, "sources": [
+        {"key": "docs", "kind": "doc", "root": str(root), "include": ["*.md"]},
+        {"key": "empty", "kind": "doc", "root": str(root), "include": ["none/*.md"]}]},
+        path=str(tmp_path / "kb.yaml"), base_dir=str(tmp_path))
+    embedder = FixedCostEmbedder(cost_per_text=0.0)
+    index_sources(cfg, conn, embedder=embedder, source_keys=["docs"])
+    table = spaces.space_table(conn, embedder.model, embedder.dimension)
+
+    def compare() -> list:
+        shared = _outcomes(conn, embedder, cfg.sources, health.chunk_coverage(conn, table))
+        assert shared == _outcomes(conn, embedder, cfg.sources, None)      # each check's own scan
+        # the figures are those of the checks' former queries, one scan each (and of health.parity)
+        total, missing = conn.execute(
+            f'SELECT count(DISTINCT c.chunk_hash), count(DISTINCT c.chunk_hash) FILTER (WHERE NOT EXISTS'
+            f' (SELECT 1 FROM "{table}" e WHERE e.chunk_hash = c.chunk_hash)) FROM chunks c').fetchone()
+        assert (shared[0][2]["chunk_hashes"], shared[0][2]["missing"]) == (total, missing)
+        per_source = [dict(zip(("source", "chunks", "missing"), r)) for r in conn.execute(
+            "SELECT d.source_key, count(*), count(*) FILTER (WHERE NOT EXISTS"
+            f' (SELECT 1 FROM "{table}" e WHERE e.chunk_hash = c.chunk_hash))'
+            " FROM chunks c JOIN documents d ON d.id = c.document_id WHERE d.status = 'active'"
+            " GROUP BY 1 ORDER BY 1")]
+        assert shared[0][3]["sources"][0] == per_source
+        assert shared[2][2]["orphan_chunks"] == conn.execute(
+            "SELECT count(*) FROM chunks c LEFT JOIN documents d ON d.id = c.document_id"
+            " WHERE d.id IS NULL OR d.status <> 'active'").fetchone()[0]
+        assert shared[1][3]["sources"][0] == [health.parity(conn, s.key) for s in cfg.sources]
+        return shared
+
+    sound = compare()
+    assert [passed for _n, passed, _m, _t in sound] == [True, True, True]
+    assert sound[0][2]["chunk_hashes"] < sound[1][2]["chunks"]      # copy.md shares note-0's texts
+
+    with conn.transaction():
+        one, two, three = [r[0] for r in conn.execute(
+            "SELECT c.chunk_hash FROM chunks c JOIN documents d ON d.id = c.document_id"
+            " WHERE d.path LIKE 'note-%%' ORDER BY c.id LIMIT 3")]
+        conn.execute(f'DELETE FROM "{table}" WHERE chunk_hash = %s', (one,))                   # a lost vector
+        # words, but only stop words: the generated keyword vector is empty
+        conn.execute("UPDATE chunks SET heading = '', text = 'and the of it is' WHERE chunk_hash = %s", (two,))
+        conn.execute("UPDATE documents SET status = 'skipped' WHERE path = 'note-3.md'")     # chunks left behind
+        conn.execute(f'INSERT INTO "{table}" (chunk_hash, embedding) SELECT %s, embedding FROM "{table}"'
+                     f" WHERE chunk_hash = %s", ("f" * 64, three))                              # a vector of nothing
+    damaged = compare()
+    assert [passed for _n, passed, _m, _t in damaged] == [False, False, False]
+    assert damaged[0][2]["missing"] == 1
+    assert damaged[1][2]["without_vector"] >= 1 and damaged[1][2]["without_keywords"] >= 1
+    assert damaged[2][2]["orphan_chunks"] > 0 and damaged[2][2]["orphan_vectors"] == 1
