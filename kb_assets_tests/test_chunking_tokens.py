@@ -48,6 +48,7 @@ def test_counter_equals_the_tokenizer_on_real_documents(raw_tokenizer):
     assert got == _reference(raw_tokenizer, texts)
     assert got[-1] > 40_000
     assert counter(texts) == got         # warm cache: same numbers
+    assert make_token_counter().count_once(texts) == got     # the one-shot path (projections' T0 figure)
 
 
 @pytest.mark.parametrize("text", [

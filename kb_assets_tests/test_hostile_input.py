@@ -119,6 +119,56 @@ def test_colliding_redacted_names_stay_apart_across_git_diff_runs(tmp_path, db_u
     assert tok_a not in str(docs) and tok_b not in str(docs)
 
 
+def test_names_the_index_holds_are_not_scanned_again_and_new_ones_are(tmp_path, db_url, conn, monkeypatch):
+    """A full listing after a complete run with the same code scans only the names the index does not hold yet
+    (a delete or rename: no detect-secrets import): a new file whose name holds a token is still redacted, and
+    kept apart from a clean file whose literal name is that redacted name."""
+    from kb_assets.pipeline import index_sources, source_state
+    from kb_assets.signposts.extractive import ExtractiveSignposter
+    from kb_assets.sources import safe_names
+
+    root = tmp_path / "notes"
+    root.mkdir()
+    for n in range(4):
+        (root / f"note-{n}.md").write_text(f"# Note {n}\n\n" + PROSE * 2)
+    (root / "[REDACTED:github-token].md").write_text("# Literal\n\nliteral name " + PROSE)
+    cfg = _cfg(db_url, root)
+    src = cfg.sources[0]
+    index_sources(cfg, conn, embedder=_emb(), signposter=ExtractiveSignposter())
+    scanned: list[list[str]] = []
+    real = safe_names.safe_paths
+    monkeypatch.setattr(safe_names, "safe_paths", lambda paths: scanned.append(list(paths)) or real(paths))
+
+    # no complete run recorded: every name is scanned
+    (root / "note-0.md").unlink()
+    index_sources(cfg, conn, embedder=_emb(), signposter=ExtractiveSignposter())
+    assert len(scanned[-1]) == 4
+    with conn.transaction():
+        assert source_state.record_if_complete(conn, source_state.source_fingerprint(cfg, src)) is None
+
+    # recorded, same code: only the new names; the token in one is redacted, apart from the literal name
+    tok = "gh" + "p_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+    (root / "note-1.md").rename(root / f"{tok}.md")
+    (root / "note-9.md").write_text("# Note 9\n\n" + PROSE)
+    index_sources(cfg, conn, embedder=_emb(), signposter=ExtractiveSignposter())
+    assert sorted(scanned[-1]) == sorted([f"{tok}.md", "note-9.md"])
+    docs = _docs(conn)
+    assert docs["[REDACTED:github-token].md"][3].startswith("# Literal")
+    assert docs["[REDACTED:github-token].md~2"][3].startswith("# Note 1")
+    assert tok not in str(docs) and "note-9.md" in docs
+    # the same names as a scan of every path gives
+    listed = [p.name for p in root.iterdir()]
+    assert safe_names.assign_names(listed) == safe_names.assign_names(listed, clean={"note-2.md", "note-3.md"})
+
+    # a recorded run of other code: every name is scanned again
+    with conn.transaction():
+        assert source_state.record_if_complete(conn, source_state.source_fingerprint(cfg, src)) is None
+        conn.execute("UPDATE source_state SET details = details || '{\"code\": \"older\"}'::jsonb")
+    (root / "note-2.md").unlink()
+    index_sources(cfg, conn, embedder=_emb(), signposter=ExtractiveSignposter())
+    assert sorted(scanned[-1]) == sorted(p.name for p in root.iterdir())
+
+
 def _transcript_line(role: str, text: str, n: int) -> str:
     return json.dumps({"type": role, "sessionId": "s1", "timestamp": f"2026-01-01T00:00:0{n}Z",
                        "message": {"role": role, "content": text}})

@@ -86,7 +86,6 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
                    progress: Progress = null_progress) -> DocumentStats:
     from kb_assets.sources import classify, discovery
     from kb_assets.sources.gitutil import BlobReader
-    from kb_assets.sources.readers import read_entry
 
     started = time.perf_counter()
     stats = DocumentStats(source=source.key)
@@ -98,6 +97,9 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
 
     from kb_assets.pipeline.source_state import forget, racy_sig, take_listing
 
+    # the last complete run's kb code, before forgetting it: with the same code, a name stored as it was listed
+    # is known to need no redaction (see own_names below)
+    last = conn.execute("SELECT details->>'code' FROM source_state WHERE source_key = %s", (source.key,)).fetchone()
     forget(conn, source.key)     # until this run completes, `kb index` must not take the source for unchanged
     check_root(root, source, cfg.config_path)     # before anything is listed or stored
     prev = ensure_source_row(conn, cfg, source)
@@ -127,7 +129,14 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
             stats.listing_reason = "history rewritten: the indexed commit is not an ancestor of the tip"
         # The names files have in the index (undecodable bytes escaped, secrets in names redacted); files
         # are still read through their listed names.
-        renamed = assign_names([e.path for e in listing.files] + [s.path for s in listing.skips])
+        # Only names the index does not hold yet are scanned: one stored as listed by this same code was scanned
+        # then and found clean (a delete or rename of a few files: no detect-secrets import, ~0.3 s).
+        from kb_assets.pipeline.source_state import code_version
+
+        own_names = {_file_of(p) for (p,) in conn.execute(
+            "SELECT path FROM documents WHERE source_key = %s", (source.key,))} \
+            if last is not None and last[0] == code_version() else set()
+        renamed = assign_names([e.path for e in listing.files] + [s.path for s in listing.skips], clean=own_names)
     stats.listed = len(listing.files)
     stats.commit = listing.commit
     stats.complete = listing.complete or changes is not None
@@ -166,6 +175,8 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
                               if classify.kind_for(e.path, source.kind, source.auto_kind) != "transcript"]) \
         if source.content == "HEAD" else None
     batch = _Batch()
+    if to_read:    # the readers (parsers, redaction: ~0.1 s of imports) only when a file is read
+        from kb_assets.sources.readers import read_entry
     try:
         for entry in to_read:
             cancel.check()     # between files: the batches handed over are still written (close below)

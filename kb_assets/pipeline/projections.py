@@ -54,7 +54,7 @@ def t0_tokens_per_entry(lines: list[str]) -> float:
     try:
         from kb_assets.chunking.tokens import make_token_counter
 
-        counts = make_token_counter()(lines)
+        counts = make_token_counter().count_once(lines)     # once per run: no word cache to pay for
     except Exception:                  # tokenizer missing: the offline estimate
         from kb_assets.chunking.tokens import estimate_tokens
 

@@ -15,7 +15,7 @@ suffix in listing order (as duplicate work-item ids are).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 _CONTROL_RE = re.compile("[\x00-\x1f\x7f]")
@@ -101,12 +101,15 @@ def stored_path(path: str) -> str:
     return safe_paths([path]).get(path, path)
 
 
-def assign_names(paths: Iterable[str]) -> dict[str, str]:
+def assign_names(paths: Iterable[str], *, clean: Collection[str] = ()) -> dict[str, str]:
     """{listed path: stored path} for the listed paths whose stored name differs, collisions resolved:
     a stored name already taken (by a file that keeps its own name, or by an earlier file in sorted
-    order) gets `~2`, `~3`, ..."""
+    order) gets `~2`, `~3`, ...
+
+    `clean`: paths known to keep their own name (the index holds them under it, stored by this same code):
+    not scanned again; the result is the same as with none given."""
     paths = sorted(set(paths))
-    changed = safe_paths(paths)
+    changed = safe_paths([p for p in paths if p not in clean] if clean else paths)
     if not changed:
         return {}
     taken = {p for p in paths if p not in changed}
