@@ -50,9 +50,9 @@ def signpost_failure_rate(kb: KbResource) -> dg.AssetCheckResult:
     "The committed regression set (agent-style queries over a fixed corpus shipped in kb_assets/query/"
     "regression/) finds its expected documents in the top 3, with the configured embedder. The corpus is "
     "indexed into its own schema (kb's schema + _regression), so the check never touches the real index. It "
-    "runs again only when something it depends on changed (either index, the embedder, the query code): "
-    "otherwise it reports its stored result, marked reused, without loading the model; query vectors are "
-    "cached per model."))
+    "runs again only when something it depends on changed (its own index, the embedder, kb's code or settings; "
+    "not the real index, which it never reads): otherwise it reports its stored result, marked reused, without "
+    "indexing its corpus or loading the model; query vectors are cached per model."))
 def recall_regression_set(kb: KbResource) -> dg.AssetCheckResult:
     # its schema is shared by every run: two runs at once check one after the other (the lock), and a
     # database restart is retried like the stages

@@ -160,14 +160,24 @@ def search_index(key: str, embedder, run_stage: RunStage, progress: Progress = n
     return run_stage(key, trace_as("kb_search_index", stage))
 
 
-def projections(cfg: KbConfig, key: str, run_stage: RunStage):
-    """Every source's tier files at once (no source lock); the figures are recorded under `key`."""
+def projections(cfg: KbConfig, key: str, run_stage: RunStage, *, record: bool = True):
+    """Every source's tier files at once (no source lock); the figures are recorded under `key` (`record=False`:
+    by the caller, with record_projections, once the stages running beside have recorded theirs)."""
     from kb_assets.pipeline.projections import build_projections
 
     def stage(conn):
         stats = build_projections(conn, cfg)
-        record_run(conn, key, "projections", {"projections": {
-            k: v for k, v in stats.as_metadata().items() if k not in ("written", "removed")}})
+        if record:
+            _record_projections(conn, key, stats)
         return stats
 
     return run_stage(None, trace_as("kb_projections", stage), lock=False)
+
+
+def record_projections(key: str, stats, run_stage: RunStage) -> None:
+    run_stage(None, lambda conn: _record_projections(conn, key, stats), lock=False)
+
+
+def _record_projections(conn, key: str, stats) -> None:
+    record_run(conn, key, "projections", {"projections": {
+        k: v for k, v in stats.as_metadata().items() if k not in ("written", "removed")}})
