@@ -40,7 +40,7 @@ def test_one_shared_scan_reports_what_each_check_finds_alone(tmp_path: Path, db_
     def compare() -> list:
         shared = _outcomes(conn, embedder, cfg.sources, health.chunk_coverage(conn, table))
         assert shared == _outcomes(conn, embedder, cfg.sources, None)      # each check's own scan
-        # the figures are those of the checks' former queries, one scan each (and of health.parity)
+        # the figures are those of the checks' former queries, one scan each
         total, missing = conn.execute(
             f'SELECT count(DISTINCT c.chunk_hash), count(DISTINCT c.chunk_hash) FILTER (WHERE NOT EXISTS'
             f' (SELECT 1 FROM "{table}" e WHERE e.chunk_hash = c.chunk_hash)) FROM chunks c').fetchone()
@@ -54,7 +54,20 @@ def test_one_shared_scan_reports_what_each_check_finds_alone(tmp_path: Path, db_
         assert shared[2][2]["orphan_chunks"] == conn.execute(
             "SELECT count(*) FROM chunks c LEFT JOIN documents d ON d.id = c.document_id"
             " WHERE d.id IS NULL OR d.status <> 'active'").fetchone()[0]
-        assert shared[1][3]["sources"][0] == [health.parity(conn, s.key) for s in cfg.sources]
+        per_source = []
+        for s in cfg.sources:       # vector_keyword_parity's former queries, per source
+            n, no_kw = conn.execute(
+                "SELECT count(*), count(*) FILTER (WHERE c.tsv IS NULL OR (c.tsv = ''::tsvector"
+                " AND c.text ~ '[[:alpha:]]{2}')) FROM chunks c JOIN documents d ON d.id = c.document_id"
+                " WHERE d.source_key = %s AND d.status = 'active'", (s.key,)).fetchone()
+            no_vec = conn.execute(
+                "SELECT count(*) FROM chunks c JOIN documents d ON d.id = c.document_id"
+                " WHERE d.source_key = %s AND d.status = 'active'"
+                f' AND NOT EXISTS (SELECT 1 FROM "{table}" e WHERE e.chunk_hash = c.chunk_hash)',
+                (s.key,)).fetchone()[0]
+            per_source.append({"source": s.key, "active_space": f"{embedder.model}/{embedder.dimension}",
+                               "chunks": n, "without_vector": no_vec, "without_keywords": no_kw})
+        assert shared[1][3]["sources"][0] == per_source == [health.parity(conn, s.key) for s in cfg.sources]
         return shared
 
     sound = compare()

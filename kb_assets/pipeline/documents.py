@@ -97,10 +97,9 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
 
     from kb_assets.pipeline.source_state import forget, racy_sig, take_listing
 
-    # the last complete run's kb code, before forgetting it: with the same code, a name stored as it was listed
-    # is known to need no redaction (see own_names below)
-    last = conn.execute("SELECT details->>'code' FROM source_state WHERE source_key = %s", (source.key,)).fetchone()
-    forget(conn, source.key)     # until this run completes, `kb index` must not take the source for unchanged
+    # until this run completes, `kb index` must not take the source for unchanged; what the last complete run
+    # recorded tells whether this code stored the names the index holds (the secret scan of names, below)
+    last = forget(conn, source.key) or {}
     check_root(root, source, cfg.config_path)     # before anything is listed or stored
     prev = ensure_source_row(conn, cfg, source)
     changes = discovery.changes_since(root, source, prev) if prev else None
@@ -127,21 +126,6 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
         if prev and source.content == "HEAD" and listing.commit:
             # the indexed commit is gone or not an ancestor of the tip: say why this run lists everything
             stats.listing_reason = "history rewritten: the indexed commit is not an ancestor of the tip"
-        # The names files have in the index (undecodable bytes escaped, secrets in names redacted); files
-        # are still read through their listed names.
-        # Only names the index does not hold yet are scanned: one stored as listed by this same code was scanned
-        # then and found clean (a delete or rename of a few files: no detect-secrets import, ~0.3 s).
-        from kb_assets.pipeline.source_state import code_version
-
-        own_names = {_file_of(p) for (p,) in conn.execute(
-            "SELECT path FROM documents WHERE source_key = %s", (source.key,))} \
-            if last is not None and last[0] == code_version() else set()
-        renamed = assign_names([e.path for e in listing.files] + [s.path for s in listing.skips], clean=own_names)
-    stats.listed = len(listing.files)
-    stats.commit = listing.commit
-    stats.complete = listing.complete or changes is not None
-    name = (lambda p: renamed.get(p, p)) if renamed else (lambda p: p)
-
     # What we have: file -> (signature, {document path: content hash})
     stored: dict[str, tuple[str | None, dict[str, str | None]]] = {}
     for path, sig, content_hash in conn.execute(
@@ -150,6 +134,20 @@ def sync_documents(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig
         f = _file_of(path)
         entry = stored.setdefault(f, (sig, {}))
         entry[1][path] = content_hash
+    if changes is None:
+        # The names files have in the index (undecodable bytes escaped, secrets in names redacted); files
+        # are still read through their listed names. Only names the index does not hold yet are scanned: one
+        # stored as listed by this same code was scanned then and found clean (a delete or rename of a few
+        # files: no detect-secrets import, ~0.3 s).
+        from kb_assets.pipeline.source_state import code_version
+
+        renamed = assign_names([e.path for e in listing.files] + [s.path for s in listing.skips],
+                               clean=stored.keys() if last.get("code") == code_version() else ())
+    stats.listed = len(listing.files)
+    stats.commit = listing.commit
+    stats.complete = listing.complete or changes is not None
+    name = (lambda p: renamed.get(p, p)) if renamed else (lambda p: p)
+
     if changes is not None:
         named = {name(p) for p in touched} | {name(p) for p in diff_removed}
         stats.unchanged += sum(1 for f, (_, docs) in stored.items() if f not in named

@@ -238,10 +238,13 @@ def settle_racy(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig) -
     return None
 
 
-def forget(conn: psycopg.Connection, source_key: str) -> None:
-    """A run of the source starts: until it completes, the source must not be taken for unchanged."""
+def forget(conn: psycopg.Connection, source_key: str) -> dict | None:
+    """A run of the source starts: until it completes, the source must not be taken for unchanged. Returns
+    the details its last complete run recorded (None: none was)."""
     with conn.transaction():
-        conn.execute("DELETE FROM source_state WHERE source_key = %s", (source_key,))
+        row = conn.execute("DELETE FROM source_state WHERE source_key = %s RETURNING details",
+                           (source_key,)).fetchone()
+    return row[0] if row else None
 
 
 def pending_work(conn: psycopg.Connection, source_key: str) -> str | None:

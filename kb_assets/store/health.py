@@ -79,21 +79,7 @@ def parity(conn: psycopg.Connection, source_key: str) -> dict:
     """Active chunks of the source without a vector in the active space, and without a keyword vector
     (an empty tsvector for a chunk that has words: keyword search can never find it)."""
     active = spaces.active_space(conn)
-    table = active[2] if active else None
-    total, no_keywords = conn.execute(
-        f"SELECT count(*), count(*) FILTER (WHERE {_NO_KEYWORDS})"
-        " FROM chunks c JOIN documents d ON d.id = c.document_id"
-        " WHERE d.source_key = %s AND d.status = 'active'", (source_key,)).fetchone()
-    if table is None:
-        no_vector = total
-    else:
-        no_vector = conn.execute(
-            f'SELECT count(*) FROM chunks c JOIN documents d ON d.id = c.document_id'
-            f' WHERE d.source_key = %s AND d.status = \'active\''
-            f' AND NOT EXISTS (SELECT 1 FROM "{table}" e WHERE e.chunk_hash = c.chunk_hash)',
-            (source_key,)).fetchone()[0]
-    return {"source": source_key, "active_space": f"{active[0]}/{active[1]}" if active else None,
-            "chunks": total, "without_vector": no_vector, "without_keywords": no_keywords}
+    return parity_from(chunk_coverage(conn, active[2] if active else None), active, source_key)
 
 
 def unmatched_includes(conn: psycopg.Connection, source: SourceConfig) -> list[str]:
