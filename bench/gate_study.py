@@ -103,11 +103,10 @@ def sim_gate(hits: list[dict], row: dict, **p) -> list[dict]:
     strong_rel = p.get("strong_relative", False)     # the strong floor when best >= null + clear (not floor + sure)
     weak_margin = p.get("weak_margin")               # a query below null + clear keeps sim >= best - weak_margin
     kw_top = p.get("keyword_top", G.KEYWORD_TOP_KEPT)
-    # Tuning.gate_null_floor: a result's similarity must also reach null + null_floor (shipped: the tuning's
-    # margin, ON_TOPIC_ABOVE_NULL by default, for a query below null + clear only); {"null_floor": null} is the
-    # gate before it, {"null_floor": 0} the floor at the null level itself (the seventh pass)
+    # Tuning.gate_null_floor: a result's similarity must also reach null + null_floor (shipped: 0, for a query
+    # below null + clear only); {"null_floor": null} is the gate before it
     shipped_nf = Tuning().gate_null_floor
-    null_floor = p.get("null_floor", G.null_floor_margin(Tuning()) if shipped_nf else None)
+    null_floor = p.get("null_floor", 0.0 if shipped_nf else None)
     null_floor_weak = p.get("null_floor_weak_only", shipped_nf)   # ... only for a query below null + clear
     if not hits:
         return hits
@@ -125,10 +124,7 @@ def sim_gate(hits: list[dict], row: dict, **p) -> list[dict]:
         elif weak_margin is not None and null is not None:
             t_sim = max(floor, best - weak_margin)
     if vec_on and null_floor is not None and null is not None and (not null_floor_weak or best < null + clear):
-        # a query admitted by the channels' agreement alone (best below null + on): the floor at the null level
-        # (shipped), or the same margin ("agreed_margin": false)
-        admitted = best < null + on and p.get("agreed_at_null", True)
-        t_sim = max(t_sim, null + (0.0 if admitted else null_floor))
+        t_sim = max(t_sim, null + null_floor)
     if kw_on:
         best_cov = max(h["cov"] for h in hits)
         t_cov = max(row["min_cov"], best_cov - G.COVERAGE_MARGIN) if vec_on else \

@@ -8,7 +8,7 @@ from kb_assets.config import QuerySettings
 from kb_assets.query import Tuning, recall
 from kb_assets.query.engine import _DocHit
 from kb_assets.query.gate import (CLEARLY_ON_TOPIC_ABOVE_NULL, KEYWORD_TOP_KEPT, ON_TOPIC_ABOVE_NULL, PROBE_QUERIES,
-                                  _gate, null_floor_margin, null_similarity)
+                                  _gate, null_similarity)
 from kb_assets_tests.test_query_support import Corpus
 
 HYBRID = ["vector", "document", "keyword"]
@@ -97,22 +97,19 @@ def test_a_weak_query_keeps_only_results_near_its_best_with_gate_weak_margin():
 
 def test_a_query_not_clearly_on_topic_keeps_nothing_below_the_null_level():
     """Tuning.gate_null_floor (on by default): a query below null + CLEARLY_ON_TOPIC_ABOVE_NULL keeps similarity
-    results at or above null + ON_TOPIC_ABOVE_NULL only (Tuning.gate_null_floor_margin; 0: the null level
-    itself). On a large corpus the model's floor (0.25) lies below the background (PEPs: null 0.335), and an
-    off-topic query's best result at 0.45 (>= floor + 0.15, "clearly similar" in absolute terms) kept every
-    result down to 0.25: twenty of them for "restart celery workers nightly", most within 0.07 of the background.
-    Exact-term matches (coverage) stay; a clearly on-topic query is unchanged."""
-    def gate(hits, null, on=True, channels=HYBRID, margin=None):
-        tuning = Tuning(gate_null_floor=on, gate_null_floor_margin=margin)
-        return [h.doc_id for h in _gate(hits, channels, 0.25, QuerySettings(), tuning, null, 1000)]
+    results at or above the index's null level only. On a large corpus the model's floor (0.25) lies below the
+    background (PEPs: null 0.335), and an off-topic query's best result at 0.45 (>= floor + 0.15, "clearly
+    similar" in absolute terms) kept every result down to 0.25: twenty of them for "restart celery workers
+    nightly". Exact-term matches (coverage) stay; a clearly on-topic query is unchanged."""
+    def gate(hits, null, on=True, channels=HYBRID):
+        return [h.doc_id for h in _gate(hits, channels, 0.25, QuerySettings(), Tuning(gate_null_floor=on), null,
+                                        1000)]
 
-    assert Tuning().gate_null_floor is True and Tuning().gate_null_floor_margin is None
-    assert null_floor_margin(Tuning()) == ON_TOPIC_ABOVE_NULL == 0.05
+    assert Tuning().gate_null_floor is True
     hits = [hit(1, 0.45), hit(2, 0.40), hit(3, 0.34), hit(4, 0.33), hit(5, 0.30), hit(6, 0.20, cov=0.9, k_rank=1)]
     null = 0.335                                          # 0.45 is on-topic (>= null + 0.05), not clearly
     assert gate(hits, null, on=False) == kept(hits, null) == [1, 2, 3, 4, 5, 6]
-    assert gate(hits, null, margin=0.0) == [1, 2, 3, 6]   # 0.33 and 0.30 are below the background here
-    assert gate(hits, null) == [1, 2, 6]                  # 0.34 is above it, but by less than an on-topic query
+    assert gate(hits, null) == [1, 2, 3, 6]               # 0.33 and 0.30 are below the background here
     # clearly on-topic (best = null + 0.2): everything above the model's floor, as before
     clear = 0.45 - CLEARLY_ON_TOPIC_ABOVE_NULL
     assert gate(hits, clear) == gate(hits, clear, on=False) == [1, 2, 3, 4, 5, 6]
@@ -129,12 +126,6 @@ def test_a_query_not_clearly_on_topic_keeps_nothing_below_the_null_level():
     low = [first, hit(10, 0.27), hit(11, 0.1, cov=0.9, k_rank=2)]
     assert gate(low, 0.42, on=False) == [9, 10, 11]
     assert gate(low, 0.42) == [11]
-    # ... and one barely above it keeps what is above the null level, not null + ON_TOPIC_ABOVE_NULL: its best is
-    # below that (regression r23 on a mixed index: the answer at null + 0.028, the channels agree on it)
-    para = [hit(12, 0.266, cov=0.5, k_rank=1), hit(13, 0.2495), hit(14, 0.2152)]
-    para[0].v_rank = 1
-    assert gate(para, 0.238) == gate(para, 0.238, margin=0.0) == [12]
-    assert gate([hit(12, 0.266), hit(13, 0.2495)], 0.238) == []       # without the agreement: not about the index
 
 
 def test_keyword_mode_is_unchanged_by_the_null_level():

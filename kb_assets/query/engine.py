@@ -123,15 +123,11 @@ class Tuning:
     # rust_rfcs set (648 RFCs) it cost gate-on Recall@100 0.989 -> 0.907 (limit: 0.01); docs/QUALITY.md, "Sixth pass".
     gate_weak_margin: float | None = None
     # Relevance gate, null floor (with the index's null level, query/gate.py): a query whose best similarity is
-    # below null + CLEARLY_ON_TOPIC_ABOVE_NULL keeps similarity results at or above null + gate_null_floor_margin
-    # only, not down to the model's fixed floor (0.25, below the background of a large corpus: PEPs 0.335, RFCs
-    # 0.347). No new constant: the margin defaults (None) to ON_TOPIC_ABOVE_NULL, the level a query's own best
-    # must reach to count as on-topic at all, so a result must be as far above the background as a query must.
-    # docs/QUALITY.md, "Seventh pass" (margin 0: PEPs off-topic results 78 -> 31, rust_rfcs 16 -> 2) and "Eighth
-    # pass" (the margin: PEPs 31 -> 10, "restart celery workers nightly" 20 -> 5; gate Recall@100 cost RFCs
-    # 0.007, PEPs 0.004, limit 0.01). False: off; gate_null_floor_margin=0.0: the floor at the null level itself.
+    # below null + CLEARLY_ON_TOPIC_ABOVE_NULL keeps similarity results at or above the null level only, not
+    # down to the model's fixed floor (0.25, below the background of a large corpus: PEPs 0.335, RFCs 0.347).
+    # No new constant. Since 2026-12-03 (docs/QUALITY.md, "Seventh pass"): PEPs off-topic results 78 -> 31,
+    # rust_rfcs 16 -> 2, no gate Recall@100 or nDCG@10 change on any of the four full sets. False: off.
     gate_null_floor: bool = True
-    gate_null_floor_margin: float | None = None
     # exact vector scan (instead of HNSW) when filters leave at most this many chunks
     exact_scan_chunks: int = 20000
     # Relevance gate (settings min_similarity / min_keyword_coverage): `gate=False` turns it off (evaluation),

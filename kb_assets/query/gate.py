@@ -15,11 +15,9 @@ Two levels (docs/QUALITY.md, "Fifth pass"):
    (CLEARLY_ON_TOPIC_ABOVE_NULL) also the keyword channel's first KEYWORD_TOP_KEPT documents (at most a tenth
    of the index) — a BM25 answer
    the model does not see (its gold documents ranked 18–46 by BM25 were the gate's whole Recall@100 cost).
-   A query that is not clearly on-topic keeps only results at least ON_TOPIC_ABOVE_NULL above the null level
+   A query that is not clearly on-topic keeps only results more similar than the null level itself
    (Tuning.gate_null_floor): on a large corpus the model's fixed floor lies below the background, and an
-   off-topic query's twenty "similar" results were mostly below it or barely above it (docs/QUALITY.md,
-   "Seventh pass", "Eighth pass"): a result must be as far above the background as a query must be to count
-   as on-topic at all. A query let through by the channels' agreement alone keeps what is above the null level.
+   off-topic query's twenty "similar" results were mostly below it (docs/QUALITY.md, "Seventh pass").
 
 The null level needs the query embedder (probes are embedded like queries): it is computed for models
 with a calibrated floor (MIN_SIMILARITY) only, where the margins were measured.
@@ -151,13 +149,6 @@ def _channels_agree(ranked: list[_DocHit]) -> bool:
     return any(h.k_rank == 1 and (h.v_rank == 1 or h.d_rank == 1) for h in ranked)
 
 
-def null_floor_margin(tuning) -> float:
-    """How far above the null level a not-clearly-on-topic query's results must be (Tuning.gate_null_floor_margin;
-    None: ON_TOPIC_ABOVE_NULL)."""
-    margin = getattr(tuning, "gate_null_floor_margin", None)
-    return ON_TOPIC_ABOVE_NULL if margin is None else float(margin)
-
-
 def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings, tuning=None,
           null: float | None = None, n_docs: int = 0) -> list[_DocHit]:
     """The relevance gate: drop weak results instead of filling the list.
@@ -171,8 +162,8 @@ def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings, tu
     With the index's `null` level (vector channels on): a query whose best similarity is below
     null + ON_TOPIC_ABOVE_NULL keeps its coverage-rescued keyword matches only (unless the channels agree on
     the first document); one below null + CLEARLY_ON_TOPIC_ABOVE_NULL keeps similarity results at or above
-    null + ON_TOPIC_ABOVE_NULL only (with tuning.gate_null_floor: the level is the index's background, so a
-    result not clearly above it is no evidence for a query that is not clearly about the index); one at or above
+    the null level only (with tuning.gate_null_floor: the level is the index's background, so a result
+    below it is no evidence for a query that is not clearly about the index); one at or above
     null + CLEARLY_ON_TOPIC_ABOVE_NULL also keeps the keyword channel's first KEYWORD_TOP_KEPT documents (at
     most a tenth of the index's `n_docs`: on a small index they would be all of it).
     """
@@ -201,12 +192,7 @@ def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings, tu
             t_cov = max(0.1, min(best_cov - COVERAGE_MARGIN, settings.min_keyword_coverage))
     if vec_on and null is not None and getattr(tuning, "gate_null_floor", False) \
             and best < null + CLEARLY_ON_TOPIC_ABOVE_NULL:
-        # not clearly on-topic: a result must stand as far above this index's background as the query had to be
-        # on-topic; a query let through by the channels' agreement alone (its best below that) keeps what is
-        # above the background itself (a paraphrase whose answer is its best result: regression r23, at null +
-        # 0.028 on a mixed index)
-        admitted = best < null + ON_TOPIC_ABOVE_NULL
-        t_sim = max(t_sim, null + (0.0 if admitted else null_floor_margin(tuning)))
+        t_sim = max(t_sim, null)                 # not clearly on-topic: nothing below this index's background
     k_top = 0
     if vec_on and null is not None:
         if best < null + ON_TOPIC_ABOVE_NULL and not _channels_agree(ranked):
