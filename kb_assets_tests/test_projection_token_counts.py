@@ -49,7 +49,9 @@ def test_lines_counted_by_an_earlier_run_are_not_counted_again(tmp_path, monkeyp
     assert len(stored) == len(set(changed))              # this run's lines only: the removed ones are gone
 
     seen.clear()
+    before = cache.stat().st_mtime_ns
     assert t0_tokens_per_entry(changed, cache) == exact(changed) and seen == []   # nothing new: no count
+    assert cache.stat().st_mtime_ns == before                                      # ... and no write
 
 
 def test_a_damaged_or_foreign_cache_is_counted_again(tmp_path, monkeypatch):
@@ -59,7 +61,7 @@ def test_a_damaged_or_foreign_cache_is_counted_again(tmp_path, monkeypatch):
         cache.write_text(text)
         seen.clear()
         assert t0_tokens_per_entry(LINES, cache) == exact(LINES) and seen == [LINES]
-    # a wrong count under the right tokenizer would be believed: the file is kb's own, written atomically
+    # the last run rewrote the file with the tokenizer's own counts
     data = json.loads(cache.read_text())
     assert set(data["counts"].values()) == set(make_token_counter().count_once(LINES))
 

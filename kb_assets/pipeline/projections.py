@@ -69,13 +69,12 @@ def _load_counts(path: Path | None, tokenizer: str) -> dict[str, int]:
 
 
 def _save_counts(path: Path, tokenizer: str, counts: dict[str, int]) -> None:
-    """Atomically (a reader never sees half a file); a folder that cannot be written only loses the saving."""
+    """Atomically and only when the bytes change (projections/files.py); a folder that cannot be written only
+    loses the saving."""
+    from kb_assets.projections.files import write_if_changed
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"tokenizer": tokenizer, "counts": counts}, separators=(",", ":")),
-                       encoding="utf-8")
-        os.replace(tmp, path)
+        write_if_changed(path, json.dumps({"tokenizer": tokenizer, "counts": counts}, separators=(",", ":")))
     except OSError:
         pass
 
@@ -100,7 +99,7 @@ def t0_tokens_per_entry(lines: list[str], counts_file: Path | None = None) -> fl
             new = make_token_counter(path).count_once([lines[i] for i in todo])
             known.update((keys[i], n) for i, n in zip(todo, new))
         counts = [known[k] for k in keys]
-        if counts_file is not None and (todo or len(known) != len(set(keys))):
+        if counts_file is not None:    # this run's lines only: a removed line's count goes with it
             _save_counts(counts_file, tokenizer, {k: known[k] for k in keys})
     except Exception:                  # tokenizer missing: the offline estimate
         from kb_assets.chunking.tokens import estimate_tokens
