@@ -103,10 +103,14 @@ def sim_gate(hits: list[dict], row: dict, **p) -> list[dict]:
     strong_rel = p.get("strong_relative", False)     # the strong floor when best >= null + clear (not floor + sure)
     weak_margin = p.get("weak_margin")               # a query below null + clear keeps sim >= best - weak_margin
     kw_top = p.get("keyword_top", G.KEYWORD_TOP_KEPT)
-    # Tuning.gate_null_floor: a result's similarity must also reach null + null_floor (shipped: 0, for a query
-    # below null + clear only); {"null_floor": null} is the gate before it
+    # Tuning.gate_null_floor: a result's similarity must also reach null + null_floor (shipped: the tuning's
+    # margin, ON_TOPIC_ABOVE_NULL, for a query below null + clear only), or the null level itself with BM25's
+    # rank <= witness_top (shipped: KEYWORD_WITNESS_TOP; 0: no witness); {"null_floor": null} is the gate before
+    # the null floor, {"null_floor": 0} the seventh pass
     shipped_nf = Tuning().gate_null_floor
-    null_floor = p.get("null_floor", 0.0 if shipped_nf else None)
+    null_floor = p.get("null_floor", G.null_floor_margin(Tuning()) if shipped_nf else None)
+    witness_top = p.get("witness_top", G.KEYWORD_WITNESS_TOP)
+    t_witness = None
     null_floor_weak = p.get("null_floor_weak_only", shipped_nf)   # ... only for a query below null + clear
     if not hits:
         return hits
@@ -124,6 +128,7 @@ def sim_gate(hits: list[dict], row: dict, **p) -> list[dict]:
         elif weak_margin is not None and null is not None:
             t_sim = max(floor, best - weak_margin)
     if vec_on and null_floor is not None and null is not None and (not null_floor_weak or best < null + clear):
+        t_witness = max(t_sim, null)
         t_sim = max(t_sim, null + null_floor)
     if kw_on:
         best_cov = max(h["cov"] for h in hits)
@@ -134,13 +139,17 @@ def sim_gate(hits: list[dict], row: dict, **p) -> list[dict]:
         agree = any(h["k_rank"] == 1 and (h["v_rank"] == 1 or h["d_rank"] == 1) for h in hits)
         if best < null + on and not (agree and p.get("agree", True)):
             t_sim = float("inf")
+            t_witness = None
         elif best >= null + clear:
             k_top = min(kw_top, row["n_docs"] // 10)
         elif (weak_margin is not None or null_floor_weak) and (best >= null + on or not p.get("weak_top_on_topic_only")):
             k_top = p.get("weak_keyword_top", 0)     # BM25's first documents of a weak query
     agreed = p.get("null_floor_keeps_agreed", False) and null_floor is not None
+    wt = witness_top if t_witness is not None else 0
     return [h for h in hits
-            if (vec_on and (h["vec"] or h["d_sim"] is not None) and h["sim"] >= t_sim)
+            if (vec_on and (h["vec"] or h["d_sim"] is not None)
+                and (h["sim"] >= t_sim or (wt and h["sim"] >= t_witness and h["k_rank"] is not None
+                                           and h["k_rank"] <= wt)))
             or (agreed and t_sim < float("inf") and h["k_rank"] == 1 and (h["v_rank"] == 1 or h["d_rank"] == 1))
             or (kw_on and h["kw"] and (h["cov"] >= t_cov or (h["k_rank"] is not None and h["k_rank"] <= k_top)))]
 

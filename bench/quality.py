@@ -691,7 +691,7 @@ CANDIDATE = "default"
 GATE_VARIANTS = ("before", "default", "default_title0", "default_title0.5", "default_code_plain",
                  "default_impute_window", "default_impute_listed", "default_impute_dense",
                  "default_weak0.05", "default_weak0.1", "previous", "default_no_impute", "default_no_weak",
-                 "default_no_null_floor")   # also measured with the gate on
+                 "default_no_null_floor", "default_null_floor_at_null")   # also measured with the gate on
 VARIANTS: dict[str, tuple[dict, dict]] = {
     "before": (BEFORE, {}),
     "bm25": ({**BEFORE, "keyword_bm25": True}, {}),
@@ -743,6 +743,8 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
     "default_no_weak": ({"gate_weak_margin": None}, {}),
     # the gate's null floor (Tuning.gate_null_floor, 2026-12-03) left out: the gate before it
     "default_no_null_floor": ({"gate_null_floor": False}, {}),
+    # the null floor at the null level itself, no BM25 witness needed just above it (2026-12-03, "Seventh pass")
+    "default_null_floor_at_null": ({"gate_null_floor_margin": 0.0}, {}),
 }
 # Measured once and left out of the grid (docs/QUALITY.md): common query words too, as the baseline's BM25
 # reads every word (code_history hybrid 0.745 for both against 0.753).

@@ -7,8 +7,8 @@ import pytest
 from kb_assets.config import QuerySettings
 from kb_assets.query import Tuning, recall
 from kb_assets.query.engine import _DocHit
-from kb_assets.query.gate import (CLEARLY_ON_TOPIC_ABOVE_NULL, KEYWORD_TOP_KEPT, ON_TOPIC_ABOVE_NULL, PROBE_QUERIES,
-                                  _gate, null_similarity)
+from kb_assets.query.gate import (CLEARLY_ON_TOPIC_ABOVE_NULL, KEYWORD_TOP_KEPT, KEYWORD_WITNESS_TOP,
+                                  ON_TOPIC_ABOVE_NULL, PROBE_QUERIES, _gate, null_similarity)
 from kb_assets_tests.test_query_support import Corpus
 
 HYBRID = ["vector", "document", "keyword"]
@@ -102,8 +102,9 @@ def test_a_query_not_clearly_on_topic_keeps_nothing_below_the_null_level():
     similar" in absolute terms) kept every result down to 0.25: twenty of them for "restart celery workers
     nightly". Exact-term matches (coverage) stay; a clearly on-topic query is unchanged."""
     def gate(hits, null, on=True, channels=HYBRID):
-        return [h.doc_id for h in _gate(hits, channels, 0.25, QuerySettings(), Tuning(gate_null_floor=on), null,
-                                        1000)]
+        # the floor at the null level itself (margin 0: no witness needed just above it, tested below)
+        return [h.doc_id for h in _gate(hits, channels, 0.25, QuerySettings(),
+                                        Tuning(gate_null_floor=on, gate_null_floor_margin=0.0), null, 1000)]
 
     assert Tuning().gate_null_floor is True
     hits = [hit(1, 0.45), hit(2, 0.40), hit(3, 0.34), hit(4, 0.33), hit(5, 0.30), hit(6, 0.20, cov=0.9, k_rank=1)]
@@ -126,6 +127,37 @@ def test_a_query_not_clearly_on_topic_keeps_nothing_below_the_null_level():
     low = [first, hit(10, 0.27), hit(11, 0.1, cov=0.9, k_rank=2)]
     assert gate(low, 0.42, on=False) == [9, 10, 11]
     assert gate(low, 0.42) == [11]
+
+
+def test_a_result_just_above_the_null_level_needs_bm25_as_a_witness():
+    """Tuning.gate_null_floor_margin (default None = ON_TOPIC_ABOVE_NULL): a query that is not clearly on-topic
+    keeps a result less than that above the null level only when BM25 ranks it among its first
+    KEYWORD_WITNESS_TOP documents. "restart celery workers nightly" on the PEPs (null 0.335) has its best at
+    null + 0.117 and nineteen more just above the background; a paraphrase's answer that close to the background
+    (regression r23: its best, null + 0.028) is one BM25 finds too."""
+    def gate(hits, null, margin=None):
+        return [h.doc_id for h in _gate(hits, HYBRID, 0.25, QuerySettings(), Tuning(gate_null_floor_margin=margin),
+                                        null, 1000)]
+
+    assert Tuning().gate_null_floor_margin is None and ON_TOPIC_ABOVE_NULL == 0.05
+    null = 0.335
+    hits = [hit(1, 0.452), hit(2, 0.39), hit(3, 0.37), hit(4, 0.36, cov=0.1, k_rank=KEYWORD_WITNESS_TOP),
+            hit(5, 0.345, cov=0.1, k_rank=KEYWORD_WITNESS_TOP + 1), hit(6, 0.34), hit(7, 0.33, cov=0.1, k_rank=1)]
+    # 0.39 stands alone (>= null + 0.05); 0.36 has BM25's 10th rank as its witness; 0.37 and 0.34 have none,
+    # 0.345 is BM25's 11th; 0.33 is below the background, where BM25's first rank does not help
+    assert gate(hits, null) == [1, 2, 4]
+    assert gate(hits, null, margin=0.0) == [1, 2, 3, 4, 5, 6]      # the seventh pass: everything above null
+    # clearly on-topic (best >= null + 0.2): no null floor, no witness needed
+    clear = 0.452 - CLEARLY_ON_TOPIC_ABOVE_NULL
+    assert gate(hits, clear) == gate(hits, clear, margin=0.0) == [1, 2, 3, 4, 5, 6, 7]
+    # a paraphrase the channels' agreement lets through (best below null + 0.05): its answer is BM25's first
+    first = hit(9, 0.363, cov=0.3, k_rank=1)
+    first.v_rank = 1
+    low = [first, hit(10, 0.35), hit(11, 0.34, cov=0.2, k_rank=3)]
+    assert gate(low, null) == [9, 11]
+    assert gate(low, null, margin=0.0) == [9, 10, 11]
+    first.v_rank = 2                                  # they disagree: not about this index, no witness either
+    assert gate(low, null) == []
 
 
 def test_keyword_mode_is_unchanged_by_the_null_level():

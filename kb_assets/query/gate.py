@@ -18,6 +18,10 @@ Two levels (docs/QUALITY.md, "Fifth pass"):
    A query that is not clearly on-topic keeps only results more similar than the null level itself
    (Tuning.gate_null_floor): on a large corpus the model's fixed floor lies below the background, and an
    off-topic query's twenty "similar" results were mostly below it (docs/QUALITY.md, "Seventh pass").
+   Within ON_TOPIC_ABOVE_NULL above the null level, a result needs a second witness: BM25 among its first
+   KEYWORD_WITNESS_TOP documents (Tuning.gate_null_floor_margin; docs/QUALITY.md, "Ninth pass"). The model
+   alone puts an off-topic query's twenty results just above the background ("restart celery workers
+   nightly" on the PEPs); a real answer that close to it is one the keyword channel finds too.
 
 The null level needs the query embedder (probes are embedded like queries): it is computed for models
 with a calibrated floor (MIN_SIMILARITY) only, where the margins were measured.
@@ -61,6 +65,7 @@ ON_TOPIC_ABOVE_NULL = 0.05           # all-MiniLM-L6-v2; joint choice over four 
 CLEARLY_ON_TOPIC_ABOVE_NULL = 0.20
 KEYWORD_TOP_KEPT = 50
 WEAK_KEYWORD_TOP_KEPT = 2            # with Tuning.gate_weak_margin: BM25's first documents of a weak query
+KEYWORD_WITNESS_TOP = 10             # a result just above the null level stays when BM25 ranks it this high
 
 _null_cache: dict[tuple, float] = {}           # (database dsn, table, chunks, model) -> level
 _null_by_conn: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # the same, without reading the dsn
@@ -149,6 +154,14 @@ def _channels_agree(ranked: list[_DocHit]) -> bool:
     return any(h.k_rank == 1 and (h.v_rank == 1 or h.d_rank == 1) for h in ranked)
 
 
+def null_floor_margin(tuning) -> float:
+    """How far above the null level a not-clearly-on-topic query's result must be to stand on its similarity
+    alone (Tuning.gate_null_floor_margin; None: ON_TOPIC_ABOVE_NULL, the level its best had to reach for the
+    query to count as on-topic at all; 0: the seventh pass's floor at the null level)."""
+    margin = getattr(tuning, "gate_null_floor_margin", None)
+    return ON_TOPIC_ABOVE_NULL if margin is None else float(margin)
+
+
 def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings, tuning=None,
           null: float | None = None, n_docs: int = 0) -> list[_DocHit]:
     """The relevance gate: drop weak results instead of filling the list.
@@ -163,7 +176,8 @@ def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings, tu
     null + ON_TOPIC_ABOVE_NULL keeps its coverage-rescued keyword matches only (unless the channels agree on
     the first document); one below null + CLEARLY_ON_TOPIC_ABOVE_NULL keeps similarity results at or above
     the null level only (with tuning.gate_null_floor: the level is the index's background, so a result
-    below it is no evidence for a query that is not clearly about the index); one at or above
+    below it is no evidence for a query that is not clearly about the index), and those less than
+    null_floor_margin() above it only when BM25 ranks them among its first KEYWORD_WITNESS_TOP; one at or above
     null + CLEARLY_ON_TOPIC_ABOVE_NULL also keeps the keyword channel's first KEYWORD_TOP_KEPT documents (at
     most a tenth of the index's `n_docs`: on a small index they would be all of it).
     """
@@ -172,6 +186,7 @@ def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings, tu
     vec_on, kw_on = "vector" in channels, "keyword" in channels
     margin = settings.similarity_margin
     t_sim = t_cov = float("inf")
+    t_witness = None                       # with the null floor: similarity this high needs BM25 as a witness
     best = 0.0
     weak_margin = getattr(tuning, "gate_weak_margin", None) if null is not None else None
     if vec_on:
@@ -192,18 +207,26 @@ def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings, tu
             t_cov = max(0.1, min(best_cov - COVERAGE_MARGIN, settings.min_keyword_coverage))
     if vec_on and null is not None and getattr(tuning, "gate_null_floor", False) \
             and best < null + CLEARLY_ON_TOPIC_ABOVE_NULL:
-        t_sim = max(t_sim, null)                 # not clearly on-topic: nothing below this index's background
+        # not clearly on-topic: nothing below this index's background, and what lies just above it only with
+        # BM25's witness (t_witness ... t_sim)
+        t_witness = max(t_sim, null)
+        t_sim = max(t_sim, null + null_floor_margin(tuning))
     k_top = 0
     if vec_on and null is not None:
         if best < null + ON_TOPIC_ABOVE_NULL and not _channels_agree(ranked):
             t_sim = float("inf")                     # not about this index: exact-term matches only
+            t_witness = None
         elif best >= null + CLEARLY_ON_TOPIC_ABOVE_NULL:
             k_top = min(KEYWORD_TOP_KEPT, n_docs // 10)
         elif weak_margin is not None and best >= null + ON_TOPIC_ABOVE_NULL:
             # on-topic but not clearly: the near-best results above, and BM25's first two (a gold document
             # the model ranks 0.07-0.09 below the best, BM25 first or second: click-15/-20, whatsnew-3.4-139)
             k_top = min(WEAK_KEYWORD_TOP_KEPT, n_docs // 10)
+    witness_top = KEYWORD_WITNESS_TOP if t_witness is not None else 0
     return [h for h in ranked
-            if (vec_on and (h.vec or h.d_sim is not None) and h.similarity >= t_sim)
+            if (vec_on and (h.vec or h.d_sim is not None)
+                and (h.similarity >= t_sim
+                     or (witness_top and h.similarity >= t_witness and h.k_rank is not None
+                         and h.k_rank <= witness_top)))
             or (kw_on and h.kw and (h.coverage >= t_cov or (h.k_rank is not None and h.k_rank <= k_top)))]
 
