@@ -1,0 +1,102 @@
+"""Probe (nothing shipped): would the keyword channel be cheaper reading its postings from something narrower
+than the chunk heap? On a real index, recall()'s keyword SQL reads each selected lexeme's chunks through the GIN
+index, one bitmap heap scan of `chunks` per lexeme (docs/BENCHMARKS.md, "On a real index: the PEPs at HEAD").
+
+    python bench/keyword_postings_probe.py PATH/TO/kb.yaml [--long 60] [--rounds 3]
+
+Builds two scratch relations in that index's database and drops them at the end:
+- `exp_terms (id, document_id, tsv)` with its own GIN index: the chunk heap without the chunk text;
+- `exp_postings (lexeme, chunk_id, document_id)` with a btree on lexeme INCLUDE (document_id, chunk_id): one row
+  per chunk and lexeme, read by an index-only scan.
+Then times the shipped keyword SQL and the same SQL with its postings scan swapped (the 20 short topic queries of
+bench/recall_latency.py and `--long` What's-New paragraphs, jit and parallel workers off as recall() sets them),
+and checks that every variant returns exactly the shipped documents and scores.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics as st
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[1]
+
+SHIPPED = "CROSS JOIN LATERAL (SELECT id, document_id FROM chunks WHERE tsv @@ sel.tq) c)"
+VARIANTS = {
+    "narrow tsv table": "CROSS JOIN LATERAL (SELECT id, document_id FROM exp_terms WHERE tsv @@ sel.tq) c)",
+    "postings table": "CROSS JOIN LATERAL (SELECT chunk_id AS id, document_id FROM exp_postings p"
+                      " WHERE p.lexeme = sel.lexeme) c)",
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("kb_yaml")
+    ap.add_argument("--long", type=int, default=60)
+    ap.add_argument("--rounds", type=int, default=3, help="the first one warms the caches and is not timed")
+    a = ap.parse_args()
+
+    from kb_assets.config import load_config
+    from kb_assets.query.engine import Tuning, _connection_for, _Filters, _Searcher
+    from kb_assets.query.metrics import load_queries
+    from recall_latency import SHORT_PEP_QUERIES
+
+    cfg = load_config(a.kb_yaml)
+    conn = _connection_for(cfg)
+    conn.autocommit = True
+    try:
+        conn.execute("SET maintenance_work_mem = '512MB'")
+        t = time.time()
+        conn.execute("CREATE TABLE exp_postings AS SELECT l AS lexeme, id AS chunk_id, document_id"
+                     " FROM chunks, unnest(tsvector_to_array(tsv)) l")
+        conn.execute("CREATE INDEX ON exp_postings (lexeme) INCLUDE (document_id, chunk_id)")
+        conn.execute("VACUUM ANALYZE exp_postings")      # the visibility map: index-only scans
+        rows, size = conn.execute("SELECT count(*), pg_size_pretty(pg_total_relation_size('exp_postings'))"
+                                  " FROM exp_postings").fetchone()
+        print(f"exp_postings: {rows} rows, {size} with its index, {time.time() - t:.1f} s")
+        t = time.time()
+        conn.execute("CREATE TABLE exp_terms AS SELECT id, document_id, tsv FROM chunks")
+        conn.execute("CREATE INDEX ON exp_terms USING gin (tsv)")
+        conn.execute("VACUUM ANALYZE exp_terms")
+        print("exp_terms: %s with its index (heap %s; the chunks heap %s), %.1f s" % (*conn.execute(
+            "SELECT pg_size_pretty(pg_total_relation_size('exp_terms')), pg_size_pretty(pg_relation_size('exp_terms')),"
+            " pg_size_pretty(pg_relation_size('chunks'))").fetchone(), time.time() - t))
+
+        searcher = _Searcher(conn, cfg.query, Tuning(), _Filters())
+        searcher.prepare(True)
+        shipped = searcher.keyword_sql()
+        if SHIPPED not in shipped:
+            sys.exit("the keyword SQL changed: update SHIPPED in this probe")
+        sqls = {"chunks (shipped)": shipped, **{k: shipped.replace(SHIPPED, v) for k, v in VARIANTS.items()}}
+        queries = list(SHORT_PEP_QUERIES) + list(load_queries(
+            ROOT.parent / "shared" / "eval" / "peps_whatsnew" / "queries.jsonl").values())[:a.long]
+        times: dict[str, list[float]] = {k: [] for k in sqls}
+        same = {k: 0 for k in sqls}
+        for rnd in range(a.rounds):
+            for q in queries:
+                params = searcher.keyword_params(q)
+                ref = None
+                for name, sql in sqls.items():
+                    with conn.transaction():
+                        conn.execute("SET LOCAL jit = off")
+                        conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
+                        t = time.perf_counter()
+                        got = conn.execute(sql, params).fetchall()
+                        ms = (time.perf_counter() - t) * 1000
+                    if rnd:
+                        times[name].append(ms)
+                    key = [(r[1], round(r[3], 9)) for r in got]
+                    ref = key if ref is None else ref
+                    same[name] += rnd == 0 and key == ref
+        for name, v in times.items():
+            print(f"{name:20s} p50 {st.median(v):6.1f} ms  p95 {sorted(v)[int(len(v) * .95)]:6.1f} ms  "
+                  f"identical results {same[name]}/{len(queries)}")
+    finally:
+        conn.execute("DROP TABLE IF EXISTS exp_postings")
+        conn.execute("DROP TABLE IF EXISTS exp_terms")
+
+
+if __name__ == "__main__":
+    main()
