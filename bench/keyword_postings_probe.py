@@ -8,6 +8,9 @@ Builds two scratch relations in that index's database and drops them at the end:
 - `exp_terms (id, document_id, tsv)` with its own GIN index: the chunk heap without the chunk text;
 - `exp_postings (lexeme, chunk_id, document_id)` with a btree on lexeme INCLUDE (document_id, chunk_id): one row
   per chunk and lexeme, read by an index-only scan.
+- `exp_doc_postings (lexeme, document_id, tf)`: each document's chunk count per lexeme (BM25's tf as kb computes
+  it, Tuning.bm25_tf "chunks"), btree INCLUDE; the "document postings" variant scores documents from it and looks
+  up the best chunk (coverage) for the window's documents only, through `exp_postings`.
 Then times the shipped keyword SQL and the same SQL with its postings scan swapped (the 20 short topic queries of
 bench/recall_latency.py and `--long` What's-New paragraphs, jit and parallel workers off as recall() sets them),
 and checks that every variant returns exactly the shipped documents and scores.
@@ -31,6 +34,26 @@ VARIANTS = {
 }
 
 
+def document_postings_sql(shipped: str) -> str:
+    """The shipped BM25 SQL with its documents scored from exp_doc_postings, and the chunk postings read for the
+    window's documents only (the best chunk of each, for the coverage gate)."""
+    head, rest = shipped.split(" m AS (", 1)
+    ds = " ds AS (" + rest.split(" ds AS (", 1)[1].split(" top AS (", 1)[0]
+    top = " top AS (" + rest.split(" top AS (", 1)[1].split(" best AS (", 1)[0]
+    tail = rest.split(" best AS (", 1)[1].split(")", 1)[0]   # noqa: F841 (the shipped best CTE, replaced below)
+    after_best = rest.split(" best AS (", 1)[1]
+    after_best = after_best[after_best.index("ORDER BY ch.document_id, ch.cov DESC, ch.id)") +
+                            len("ORDER BY ch.document_id, ch.cov DESC, ch.id)"):]
+    return (head + " dt AS (SELECT p.document_id, p.lexeme, p.tf::float8 AS tf FROM sel"
+            " JOIN exp_doc_postings p ON p.lexeme = sel.lexeme),"
+            " ddf AS (SELECT lexeme, count(*)::float8 AS ndf FROM dt GROUP BY lexeme)," + ds + top +
+            " m AS (SELECT p.chunk_id AS id, p.document_id, sel.idf FROM sel JOIN exp_postings p"
+            " ON p.lexeme = sel.lexeme AND p.document_id IN (SELECT document_id FROM top)),"
+            " ch AS (SELECT id, document_id, sum(idf) AS cov FROM m GROUP BY id, document_id),"
+            " best AS (SELECT DISTINCT ON (ch.document_id) ch.document_id, ch.id, ch.cov FROM ch"
+            " ORDER BY ch.document_id, ch.cov DESC, ch.id)" + after_best)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("kb_yaml")
@@ -51,11 +74,19 @@ def main() -> None:
         t = time.time()
         conn.execute("CREATE TABLE exp_postings AS SELECT l AS lexeme, id AS chunk_id, document_id"
                      " FROM chunks, unnest(tsvector_to_array(tsv)) l")
-        conn.execute("CREATE INDEX ON exp_postings (lexeme) INCLUDE (document_id, chunk_id)")
+        conn.execute("CREATE INDEX ON exp_postings (lexeme, document_id) INCLUDE (chunk_id)")
         conn.execute("VACUUM ANALYZE exp_postings")      # the visibility map: index-only scans
         rows, size = conn.execute("SELECT count(*), pg_size_pretty(pg_total_relation_size('exp_postings'))"
                                   " FROM exp_postings").fetchone()
         print(f"exp_postings: {rows} rows, {size} with its index, {time.time() - t:.1f} s")
+        t = time.time()
+        conn.execute("CREATE TABLE exp_doc_postings AS SELECT lexeme, document_id, count(*) AS tf FROM exp_postings"
+                     " GROUP BY lexeme, document_id")
+        conn.execute("CREATE INDEX ON exp_doc_postings (lexeme) INCLUDE (document_id, tf)")
+        conn.execute("VACUUM ANALYZE exp_doc_postings")
+        rows, size = conn.execute("SELECT count(*), pg_size_pretty(pg_total_relation_size('exp_doc_postings'))"
+                                  " FROM exp_doc_postings").fetchone()
+        print(f"exp_doc_postings: {rows} rows, {size} with its index, {time.time() - t:.1f} s")
         t = time.time()
         conn.execute("CREATE TABLE exp_terms AS SELECT id, document_id, tsv FROM chunks")
         conn.execute("CREATE INDEX ON exp_terms USING gin (tsv)")
@@ -69,7 +100,8 @@ def main() -> None:
         shipped = searcher.keyword_sql()
         if SHIPPED not in shipped:
             sys.exit("the keyword SQL changed: update SHIPPED in this probe")
-        sqls = {"chunks (shipped)": shipped, **{k: shipped.replace(SHIPPED, v) for k, v in VARIANTS.items()}}
+        sqls = {"chunks (shipped)": shipped, **{k: shipped.replace(SHIPPED, v) for k, v in VARIANTS.items()},
+                "document postings": document_postings_sql(shipped)}
         queries = list(SHORT_PEP_QUERIES) + list(load_queries(
             ROOT.parent / "shared" / "eval" / "peps_whatsnew" / "queries.jsonl").values())[:a.long]
         times: dict[str, list[float]] = {k: [] for k in sqls}
@@ -96,6 +128,7 @@ def main() -> None:
     finally:
         conn.execute("DROP TABLE IF EXISTS exp_postings")
         conn.execute("DROP TABLE IF EXISTS exp_terms")
+        conn.execute("DROP TABLE IF EXISTS exp_doc_postings")
 
 
 if __name__ == "__main__":
