@@ -751,6 +751,9 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
 EXTRA_VARIANTS = {
     "default_df1": ({"keyword_max_df": 1.0, "keyword_postings": 50000, "keyword_max_terms": 64}, {}),
     "default_df0.7": ({"keyword_max_df": 0.7, "keyword_postings": 25000}, {}),
+    # the keyword channel's postings budget alone (its cost on real text: docs/BENCHMARKS.md, "On a real index")
+    "default_postings6000": ({"keyword_postings": 6000}, {}),
+    "default_postings8000": ({"keyword_postings": 8000}, {}),
 }
 
 

@@ -382,6 +382,10 @@ def main_real(args) -> None:
     queries = real_queries(cfg, args.long)
     load_before = os.getloadavg()
     res = measure(conn, queries, args.runs, config=cfg)
+    if args.compare:      # the same queries with these Tuning fields, in the same run
+        from kb_assets.query import Tuning
+        other = measure(conn, queries, args.runs, config=cfg, tuning=Tuning(**json.loads(args.compare)))
+        res[f"recall() hybrid with {args.compare}"] = other["recall() hybrid, end to end excluding embedding"]
     load_after = os.getloadavg()
     print(f"{n_chunks} chunks, {n_docs} documents, {len(queries)} queries; load {load_before[0]:.1f} -> {load_after[0]:.1f}")
     for name, r in res.items():
