@@ -145,11 +145,10 @@ def sim_gate(hits: list[dict], row: dict, **p) -> list[dict]:
         elif (weak_margin is not None or null_floor_weak) and (best >= null + on or not p.get("weak_top_on_topic_only")):
             k_top = p.get("weak_keyword_top", 0)     # BM25's first documents of a weak query
     agreed = p.get("null_floor_keeps_agreed", False) and null_floor is not None
-    wt = witness_top if t_witness is not None else 0
     return [h for h in hits
             if (vec_on and (h["vec"] or h["d_sim"] is not None)
-                and (h["sim"] >= t_sim or (wt and h["sim"] >= t_witness and h["k_rank"] is not None
-                                           and h["k_rank"] <= wt)))
+                and (h["sim"] >= t_sim or (t_witness is not None and h["sim"] >= t_witness
+                                           and h["k_rank"] is not None and h["k_rank"] <= witness_top)))
             or (agreed and t_sim < float("inf") and h["k_rank"] == 1 and (h["v_rank"] == 1 or h["d_rank"] == 1))
             or (kw_on and h["kw"] and (h["cov"] >= t_cov or (h["k_rank"] is not None and h["k_rank"] <= k_top)))]
 

@@ -131,8 +131,8 @@ class Tuning:
     # ... and a result less than this above the null level stays only when BM25 ranks it among its first
     # KEYWORD_WITNESS_TOP documents (query/gate.py). None: ON_TOPIC_ABOVE_NULL (no new margin: the level a query's
     # own best must reach to count as on-topic); 0.0: the seventh pass (everything above the null level).
-    # docs/QUALITY.md, "Ninth pass": PEPs off-topic results 31 -> 16 ("restart celery workers nightly" 20 -> 10),
-    # code_history 36 -> 30, no gate Recall@100 change on any of the four full sets.
+    # docs/QUALITY.md, "Ninth pass" (bench/quality.py): PEPs off-topic results 31 -> 14 ("restart celery workers
+    # nightly" 20 -> 8), code_history 36 -> 30, no gate Recall@100 change on any of the four full sets.
     gate_null_floor_margin: float | None = None
     # exact vector scan (instead of HNSW) when filters leave at most this many chunks
     exact_scan_chunks: int = 20000

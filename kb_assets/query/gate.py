@@ -222,11 +222,10 @@ def _gate(ranked: list[_DocHit], channels: list[str], floor: float, settings, tu
             # on-topic but not clearly: the near-best results above, and BM25's first two (a gold document
             # the model ranks 0.07-0.09 below the best, BM25 first or second: click-15/-20, whatsnew-3.4-139)
             k_top = min(WEAK_KEYWORD_TOP_KEPT, n_docs // 10)
-    witness_top = KEYWORD_WITNESS_TOP if t_witness is not None else 0
     return [h for h in ranked
             if (vec_on and (h.vec or h.d_sim is not None)
                 and (h.similarity >= t_sim
-                     or (witness_top and h.similarity >= t_witness and h.k_rank is not None
-                         and h.k_rank <= witness_top)))
+                     or (t_witness is not None and h.similarity >= t_witness and h.k_rank is not None
+                         and h.k_rank <= KEYWORD_WITNESS_TOP)))
             or (kw_on and h.kw and (h.coverage >= t_cov or (h.k_rank is not None and h.k_rank <= k_top)))]
 
