@@ -154,6 +154,39 @@ def test_a_killed_build_leaves_no_half_index_and_the_next_run_finishes_it(repo, 
     assert spaces.has_vector_index(conn, table)
 
 
+def _autogroup_nice(pid: int) -> int:
+    # "/autogroup-1234 nice 19"
+    return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+
+
+def test_the_build_yields_the_cpu_to_other_sessions(repo, db_url, conn, background_from_one_row):
+    """Nice 19 ranks a process only inside its session's scheduling group when the kernel groups by session
+    (sched_autogroup), and every PostgreSQL backend is a session of its own: the build's backend gets its group
+    niced too, and nothing else does — neither the backends that answer queries nor this process."""
+    if not Path("/proc/self/autogroup").exists():
+        pytest.skip("this kernel does not group tasks by session (no /proc/<pid>/autogroup)")
+    emb, table = _indexed_without_vector_index(repo, db_url, conn)
+    mine = _autogroup_nice(os.getpid())
+    with _build_caught_midway(db_url, conn, emb, table) as writer:
+        backend = spaces.build_holder(conn, table)
+        assert backend is not None
+        assert os.getpriority(os.PRIO_PROCESS, backend) == 19
+        assert _autogroup_nice(backend) == 19
+        query_backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        assert _autogroup_nice(query_backend) == 0 and os.getpriority(os.PRIO_PROCESS, query_backend) == 0
+        assert _autogroup_nice(os.getpid()) == mine
+        # only a PostgreSQL process is touched: a containerised server's pids may name anyone's process here
+        assert vector_index_build._postgres_process_here(backend)
+        other = subprocess.Popen(["sleep", "30"])
+        try:
+            assert not vector_index_build._postgres_process_here(other.pid)
+        finally:
+            other.kill()
+            other.wait()
+        writer.rollback()
+    assert vector_index_build.wait_ready(conn, table, timeout=60) == "ready"
+
+
 def test_a_large_load_cancels_a_running_build_instead_of_inserting_through_it(repo, db_url, conn,
                                                                              background_from_one_row):
     emb, table = _indexed_without_vector_index(repo, db_url, conn)
