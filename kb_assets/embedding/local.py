@@ -23,6 +23,7 @@ _TOKENIZER_CACHE: dict[str, Any] = {}      # resolved model folder -> tokenizers
 _LOCK = threading.Lock()
 SMALL_JOB_TEXTS = 64                        # embed calls up to this size skip torch (see document_encoder)
 DOCUMENT_ENCODER_ENV = "KB_DOCUMENT_ENCODER"   # "torch": always sentence-transformers for documents
+ENCODE_CALL_TEXTS = 2                       # texts per call of the torch-free encoder (see _encode_numpy)
 _WARMING: threading.Thread | None = None    # the warm-up thread while it loads the model
 
 
@@ -273,14 +274,14 @@ class LocalEmbedder:
         from kb_assets.embedding.numpy_bert import document_encoder_for
 
         encoder = document_encoder_for(self.path, len(texts))    # onnxruntime when installed and worth it
-        # short texts together (the encoder pads to the longest in a call); numpy 2 at a time: 16 full-window
-        # texts per call added ~370 MB of activations and 4 ~85 MB, for the same CPU time per text (measured);
-        # onnxruntime 8 at a time (its two threads split each call)
-        step = 8 if encoder.runtime == "onnx" else 2
+        # short texts together (the encoder pads to the longest in a call), 2 at a time: numpy with 16 full-window
+        # texts per call added ~370 MB of activations and 4 ~85 MB, for the same CPU time per text; onnxruntime
+        # with 8 held ~90 MB more than with 2 (its arena keeps the largest call's) and was no faster: 1.29-1.33 s
+        # against 1.25-1.26 s for 30 full windows, 0.76-0.80 against 0.68-0.69 s for 60 short ones (measured)
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         out = np.empty((len(texts), self.dimension), dtype=np.float32)
-        for start in range(0, len(order), step):
-            part = order[start:start + step]
+        for start in range(0, len(order), ENCODE_CALL_TEXTS):
+            part = order[start:start + ENCODE_CALL_TEXTS]
             out[part] = encoder.encode([texts[i] for i in part])
         return out
 

@@ -419,6 +419,18 @@ def cached_onnx_model(path: Path) -> Path | bytes:
         return data
 
 
+def _give_back_freed_memory() -> None:
+    """Return freed heap pages to the system (glibc keeps them). Creating the session parses the graph and
+    copies its weights: without this ~28 MB of freed buffers stayed in the process, and a modify pass's peak
+    RSS (the calls' activations come after) stood that much higher (docs/BENCHMARKS.md). A no-op elsewhere."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class OnnxBertEncoder(_BertShape):
     """The same forward pass in onnxruntime (CPU). `threads`: intra-op threads; spinning is off so a busy
     machine's other work is not starved by idle-waiting threads."""
@@ -437,12 +449,16 @@ class OnnxBertEncoder(_BertShape):
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # every call has its own shape (texts padded to the longest of the call): a memory plan per shape only
+        # holds more (~9 MB over 30 windows, the same time)
+        opts.enable_mem_pattern = False
         opts.log_severity_level = 3
         model = cached_onnx_model(path)
         self.model_file = model if isinstance(model, Path) else None
         self.session = ort.InferenceSession(str(model) if isinstance(model, Path) else model, opts,
                                             providers=["CPUExecutionProvider"])
         self._fused_attention = "attention_mask" in {i.name for i in self.session.get_inputs()}
+        _give_back_freed_memory()
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """(len(texts), hidden) float32, mean-pooled (and unit length when the folder normalises)."""
