@@ -11,6 +11,10 @@ Builds two scratch relations in that index's database and drops them at the end:
 - `exp_doc_postings (lexeme, document_id, tf)`: each document's chunk count per lexeme (BM25's tf as kb computes
   it, Tuning.bm25_tf "chunks"), btree INCLUDE; the "document postings" variant scores documents from it and looks
   up the best chunk (coverage) for the window's documents only, through `exp_postings`.
+- "document postings, lean": the same with each document's text length stored beside its tf (`exp_doc_postings.dl`:
+  no join to `documents` until the window is cut), the CTEs materialised (their row estimates were 37 where 4,571
+  rows flow) and the best chunk looked up by `document_id = ANY(window)`.
+`--explain` prints `EXPLAIN (ANALYZE, BUFFERS)` of one paragraph query for every variant first.
 Then times the shipped keyword SQL and the same SQL with its postings scan swapped (the 20 short topic queries of
 bench/recall_latency.py and `--long` What's-New paragraphs, jit and parallel workers off as recall() sets them),
 and checks that every variant returns exactly the shipped documents and scores.
@@ -58,11 +62,33 @@ def document_postings_sql(shipped: str) -> str:
             " ORDER BY ch.document_id, ch.cov DESC, ch.id)" + after_best)
 
 
+def lean_document_postings_sql(shipped: str) -> str:
+    """Document postings without the joins: lengths stored with the postings, documents joined for the window only
+    (twice its size, then the status check), materialised CTEs, the best chunk through `= ANY(window)`."""
+    head, rest = shipped.split(" m AS (", 1)
+    after_best = rest.split(" best AS (", 1)[1]
+    after_best = after_best[after_best.index("ORDER BY ch.document_id, ch.cov DESC, ch.id)") +
+                            len("ORDER BY ch.document_id, ch.cov DESC, ch.id)"):]
+    return (head + " dt AS MATERIALIZED (SELECT p.document_id, p.lexeme, p.tf::float8 AS tf, p.dl FROM sel"
+            " JOIN exp_doc_postings p ON p.lexeme = sel.lexeme),"
+            " ddf AS (SELECT lexeme, ln(1 + (%(ndocs)s - count(*) + 0.5) / (count(*) + 0.5)) AS w FROM dt GROUP BY lexeme),"
+            " ds AS (SELECT dt.document_id, sum(ddf.w * dt.tf * (%(k1)s + 1) / (dt.tf + %(k1)s * (1 - %(b)s + %(b)s"
+            " * dt.dl / %(avgdl)s))) AS s FROM dt JOIN ddf USING (lexeme) GROUP BY dt.document_id),"
+            " top0 AS MATERIALIZED (SELECT document_id, s FROM ds ORDER BY s DESC, document_id LIMIT %(kw_window)s * 2),"
+            " top AS MATERIALIZED (SELECT top0.* FROM top0 JOIN documents d ON d.id = top0.document_id"
+            " WHERE d.status = 'active' ORDER BY top0.s DESC, top0.document_id LIMIT %(kw_window)s),"
+            " ch AS (SELECT p.chunk_id AS id, p.document_id, sum(sel.idf) AS cov FROM sel JOIN exp_postings p"
+            " ON p.lexeme = sel.lexeme AND p.document_id = ANY(ARRAY(SELECT document_id FROM top)) GROUP BY 1, 2),"
+            " best AS (SELECT DISTINCT ON (ch.document_id) ch.document_id, ch.id, ch.cov FROM ch"
+            " ORDER BY ch.document_id, ch.cov DESC, ch.id)" + after_best)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("kb_yaml")
     ap.add_argument("--long", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=3, help="the first one warms the caches and is not timed")
+    ap.add_argument("--explain", action="store_true", help="print each variant's plan for one paragraph query")
     a = ap.parse_args()
 
     from kb_assets.config import load_config
@@ -84,9 +110,10 @@ def main() -> None:
                                   " FROM exp_postings").fetchone()
         print(f"exp_postings: {rows} rows, {size} with its index, {time.time() - t:.1f} s")
         t = time.time()
-        conn.execute("CREATE TABLE exp_doc_postings AS SELECT lexeme, document_id, count(*) AS tf FROM exp_postings"
-                     " GROUP BY lexeme, document_id")
-        conn.execute("CREATE INDEX ON exp_doc_postings (lexeme) INCLUDE (document_id, tf)")
+        conn.execute("CREATE TABLE exp_doc_postings AS SELECT p.lexeme, p.document_id, count(*) AS tf, d.dl"
+                     " FROM exp_postings p JOIN (SELECT id, octet_length(text)::int AS dl FROM documents) d"
+                     " ON d.id = p.document_id GROUP BY p.lexeme, p.document_id, d.dl")
+        conn.execute("CREATE INDEX ON exp_doc_postings (lexeme) INCLUDE (document_id, tf, dl)")
         conn.execute("VACUUM ANALYZE exp_doc_postings")
         rows, size = conn.execute("SELECT count(*), pg_size_pretty(pg_total_relation_size('exp_doc_postings'))"
                                   " FROM exp_doc_postings").fetchone()
@@ -105,9 +132,18 @@ def main() -> None:
         if SHIPPED not in shipped:
             sys.exit("the keyword SQL changed: update SHIPPED in this probe")
         sqls = {"chunks (shipped)": shipped, **{k: shipped.replace(SHIPPED, v) for k, v in VARIANTS.items()},
-                "document postings": document_postings_sql(shipped)}
+                "document postings": document_postings_sql(shipped),
+                "document postings, lean": lean_document_postings_sql(shipped)}
         queries = list(SHORT_PEP_QUERIES) + list(load_queries(
             ROOT.parent / "shared" / "eval" / "peps_whatsnew" / "queries.jsonl").values())[:a.long]
+        if a.explain:
+            params = searcher.keyword_params(queries[len(SHORT_PEP_QUERIES) + 5])
+            for name, sql in sqls.items():
+                with conn.transaction():
+                    conn.execute("SET LOCAL jit = off")
+                    conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
+                    plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params).fetchall()
+                print(f"===== {name}\n" + "\n".join(r[0] for r in plan))
         times: dict[str, list[float]] = {k: [] for k in sqls}
         same = {k: 0 for k in sqls}
         for rnd in range(a.rounds):
