@@ -52,10 +52,12 @@ def _documents() -> list[str]:
 
 def test_same_blocks_as_markdown_it_on_real_documents():
     texts = _documents()
-    assert len(texts) > 5
     for text in texts:
         _same(text)
         _same(text.replace("\n", "\r\n"))
+    if not SHARED.is_dir():       # a checkout without ../shared: the fixtures only (conftest.shared_dir skips too)
+        pytest.skip(f"shared corpora not found at {SHARED}: checked the {len(texts)} fixtures only")
+    assert len(texts) > 5
 
 
 @pytest.mark.parametrize("seed", range(4))
