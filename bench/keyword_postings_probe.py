@@ -43,15 +43,20 @@ VARIANTS = {
 }
 
 
+def _after_best(rest: str) -> str:
+    """What follows the shipped SQL's `best` CTE (the title CTE and the final SELECT)."""
+    end = "ORDER BY ch.document_id, ch.cov DESC, ch.id)"
+    after = rest.split(" best AS (", 1)[1]
+    return after[after.index(end) + len(end):]
+
+
 def document_postings_sql(shipped: str) -> str:
     """The shipped BM25 SQL with its documents scored from exp_doc_postings, and the chunk postings read for the
     window's documents only (the best chunk of each, for the coverage gate)."""
     head, rest = shipped.split(" m AS (", 1)
     ds = " ds AS (" + rest.split(" ds AS (", 1)[1].split(" top AS (", 1)[0]
     top = " top AS (" + rest.split(" top AS (", 1)[1].split(" best AS (", 1)[0]
-    after_best = rest.split(" best AS (", 1)[1]
-    after_best = after_best[after_best.index("ORDER BY ch.document_id, ch.cov DESC, ch.id)") +
-                            len("ORDER BY ch.document_id, ch.cov DESC, ch.id)"):]
+    after_best = _after_best(rest)
     return (head + " dt AS (SELECT p.document_id, p.lexeme, p.tf::float8 AS tf FROM sel"
             " JOIN exp_doc_postings p ON p.lexeme = sel.lexeme),"
             " ddf AS (SELECT lexeme, count(*)::float8 AS ndf FROM dt GROUP BY lexeme)," + ds + top +
@@ -66,9 +71,7 @@ def lean_document_postings_sql(shipped: str) -> str:
     """Document postings without the joins: lengths stored with the postings, documents joined for the window only
     (twice its size, then the status check), materialised CTEs, the best chunk through `= ANY(window)`."""
     head, rest = shipped.split(" m AS (", 1)
-    after_best = rest.split(" best AS (", 1)[1]
-    after_best = after_best[after_best.index("ORDER BY ch.document_id, ch.cov DESC, ch.id)") +
-                            len("ORDER BY ch.document_id, ch.cov DESC, ch.id)"):]
+    after_best = _after_best(rest)
     return (head + " dt AS MATERIALIZED (SELECT p.document_id, p.lexeme, p.tf::float8 AS tf, p.dl FROM sel"
             " JOIN exp_doc_postings p ON p.lexeme = sel.lexeme),"
             " ddf AS (SELECT lexeme, ln(1 + (%(ndocs)s - count(*) + 0.5) / (count(*) + 0.5)) AS w FROM dt GROUP BY lexeme),"
@@ -136,13 +139,20 @@ def main() -> None:
                 "document postings, lean": lean_document_postings_sql(shipped)}
         queries = list(SHORT_PEP_QUERIES) + list(load_queries(
             ROOT.parent / "shared" / "eval" / "peps_whatsnew" / "queries.jsonl").values())[:a.long]
+
+        def run(sql: str, params: dict) -> tuple[list, float]:
+            """Rows and milliseconds, jit and parallel workers off as recall() sets them."""
+            with conn.transaction():
+                conn.execute("SET LOCAL jit = off")
+                conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
+                t = time.perf_counter()
+                rows = conn.execute(sql, params).fetchall()
+                return rows, (time.perf_counter() - t) * 1000
+
         if a.explain:
             params = searcher.keyword_params(queries[len(SHORT_PEP_QUERIES) + 5])
             for name, sql in sqls.items():
-                with conn.transaction():
-                    conn.execute("SET LOCAL jit = off")
-                    conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
-                    plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params).fetchall()
+                plan, _ = run("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
                 print(f"===== {name}\n" + "\n".join(r[0] for r in plan))
         times: dict[str, list[float]] = {k: [] for k in sqls}
         same = {k: 0 for k in sqls}
@@ -151,12 +161,7 @@ def main() -> None:
                 params = searcher.keyword_params(q)
                 ref = None
                 for name, sql in sqls.items():
-                    with conn.transaction():
-                        conn.execute("SET LOCAL jit = off")
-                        conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
-                        t = time.perf_counter()
-                        got = conn.execute(sql, params).fetchall()
-                        ms = (time.perf_counter() - t) * 1000
+                    got, ms = run(sql, params)
                     if rnd:
                         times[name].append(ms)
                     key = [(r[1], round(r[3], 9)) for r in got]

@@ -433,26 +433,26 @@ def _graph_file(path: Path) -> Path:
     return onnx_cache_dir() / f"{path.name}-{model_digest(path)[:24]}.onnx"
 
 
+def _graph_wanted(path: Path) -> bool:
+    """A folder this encoder reproduces, and onnxruntime installed — asked without importing it (~18 MB): a first
+    load's process never needs onnxruntime itself."""
+    import importlib.util
+
+    return supports(path) and importlib.util.find_spec("onnxruntime") is not None
+
+
 def onnx_graph_cached(path: Path) -> bool | None:
     """Whether the model's onnxruntime graph is cached; None when no graph would be used (onnxruntime missing, or
     a model folder this encoder does not reproduce)."""
-    import importlib.util
-
     path = Path(path)
-    # asked without importing it (~18 MB): a first load's process never needs onnxruntime itself
-    if not supports(path) or importlib.util.find_spec("onnxruntime") is None:
-        return None
-    return _graph_file(path).is_file()
+    return _graph_file(path).is_file() if _graph_wanted(path) else None
 
 
 def ensure_onnx_graph(path: str | Path) -> bool:
     """Build and cache the model's graph unless it is cached already (a first load's warm-up runs this in a child
     process: LocalEmbedder._cache_graph_aside). True when the cached file is there afterwards."""
     path = Path(path)
-    cached = onnx_graph_cached(path)
-    if cached is None:
-        return False
-    return cached or isinstance(cached_onnx_model(path), Path)
+    return _graph_wanted(path) and isinstance(cached_onnx_model(path), Path)
 
 
 def _give_back_freed_memory() -> None:
