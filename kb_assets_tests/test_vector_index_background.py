@@ -156,8 +156,8 @@ def test_a_killed_build_leaves_no_half_index_and_the_next_run_finishes_it(repo, 
 
 def _autogroup_nice(pid: int) -> int | None:
     """The nice of `pid`'s scheduling autogroup ("/autogroup-1234 nice 19"); None where the kernel does not group
-    it by session: no such file, or an empty one, which is what a task in a CPU cgroup of its own (a container,
-    CI) reads, since the kernel then schedules it by that cgroup and the autogroup has no say."""
+    it by session: no such file, or an empty one (what CI's machine shows: the kernel reports no session group for
+    the task, so there is no group nice to set or read)."""
     try:
         words = Path(f"/proc/{pid}/autogroup").read_text().split()
     except OSError:
