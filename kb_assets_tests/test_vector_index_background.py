@@ -168,8 +168,8 @@ def _autogroup_nice(pid: int) -> int | None:
 def test_the_build_yields_the_cpu_to_other_sessions(repo, db_url, conn, background_from_one_row):
     """Nice 19 ranks a process only inside its session's scheduling group when the kernel groups by session
     (sched_autogroup), and every PostgreSQL backend is a session of its own: the build's backend gets its group
-    niced too, and nothing else does — neither the backends that answer queries nor this process. Where tasks
-    are not grouped by session (a container's cgroup) only the plain nice is there to check."""
+    niced too, and nothing else does — neither the backends that answer queries nor this process. Where the kernel
+    reports no session group for a task (CI's machine) only the plain nice is there to check."""
     emb, table = _indexed_without_vector_index(repo, db_url, conn)
     mine = _autogroup_nice(os.getpid())
     with _build_caught_midway(db_url, conn, emb, table) as writer:

