@@ -82,11 +82,19 @@ def _snapshot(conn) -> dict:
             "SELECT d.path, t.text_md5::text, t.n FROM chunk_texts t JOIN documents d ON d.id = t.document_id"
             " ORDER BY 1, 2").fetchall(),
         "common_texts": conn.execute("SELECT text_md5::text, ndocs FROM common_texts ORDER BY 1").fetchall(),
+        "document_terms": conn.execute(
+            "SELECT d.source_key, d.path, t.lexeme, (SELECT array_agg(c.ordinal ORDER BY c.ordinal) FROM chunks c"
+            " WHERE c.id = ANY(t.chunk_ids)), cardinality(t.chunk_ids) FROM document_terms t"
+            " LEFT JOIN documents d ON d.id = t.document_id ORDER BY 1, 2, 3").fetchall(),
+        "document_terms_kept": conn.execute("SELECT document_terms FROM query_stats").fetchall(),
     }
     ids = {
         "document_vectors": conn.execute(
             f'SELECT document_id, content_hash, n_chunks, embedding::text FROM "{docs_table}" ORDER BY 1').fetchall(),
         "documents": conn.execute("SELECT id, path FROM documents ORDER BY 1").fetchall(),
+        "document_terms": conn.execute(
+            "SELECT document_id, lexeme, (SELECT array_agg(x ORDER BY x) FROM unnest(chunk_ids) x) FROM document_terms"
+            " ORDER BY 1, 2").fetchall(),
     }
     return {"content": snap, "ids": ids}
 

@@ -265,6 +265,7 @@ def test_ids_are_stable_across_reindexing_and_show_accepts_them(corpus, conn):
     conn.execute("DELETE FROM documents WHERE path = 'adr/0002-bid-pipeline.md'")
     corpus.doc("adr/0002-bid-pipeline.md", [("Decision", "Stream bids through kafka into the bid pipeline.")],
                source="decisions", kind="adr", title="Stream the bid pipeline")
+    corpus.refresh()     # as every `kb index` ends (the keyword postings and document vectors are refreshed)
     again = recall("stream bids kafka", conn=conn, embedder=ToyEmbedder(), tuning=NO_GATE).documents[0].id
     assert first == again == "kb:decisions/adr/0002-bid-pipeline.md"
     doc = show(again, conn=conn)
@@ -574,3 +575,53 @@ def test_bm25_term_frequency_modes(conn):
     assert order("code_occurrences") == ["kb:code/src/b.py", "kb:code/src/a.py"]
     with pytest.raises(ValueError, match="bm25_tf"):
         order("words")
+
+
+def test_keyword_channel_reads_document_terms_with_the_same_results(conn):
+    """Migration 014: the keyword channel's BM25 reads its postings from document_terms (kept by the statistics
+    refresh) instead of the chunks' GIN index — the same documents, scores, best chunks and coverage, with and
+    without filters; before the first refresh that keeps it (or after a TRUNCATE of chunks) it reads the chunks."""
+    from kb_assets.config import QuerySettings
+    from kb_assets.query.engine import _Filters, _Searcher
+
+    c = Corpus(conn)
+    c.doc("adr/0001-celery.md", [("Context", "Celery workers leak memory; the celery queue grows overnight."),
+                                 ("Decision", "Restart celery workers nightly with a warm shutdown.")],
+          source="decisions", kind="adr", title="Restart celery workers nightly")
+    c.doc("adr/0002-kafka.md", [("Decision", "Stream bids through kafka; celery stays for invoices.")],
+          source="decisions", kind="adr", title="Stream bids through kafka")
+    c.doc("notes/runbook.md", ["Runbook: restart celery, drain the queue, watch the worker logs.",
+                               "Redis memory grows when celery results are never expired."],
+          source="notes", kind="doc", title="Celery runbook")
+    c.doc("src/tasks.py", [("send_invoice", "def send_invoice(invoice_id):\n    retry celery task on failure")],
+          source="code", kind="code", title="src/tasks.py")
+    for i, topic in enumerate(FILLER_TOPICS):
+        c.doc(f"misc/{i:02d}.md", [topic], source="notes", kind="doc", title=f"Note {i}")
+    queries = ["restart celery workers", "celery memory queue worker logs redis", "kafka bids invoices",
+               "runbook celery", "send invoice retry task", "tomato bread choir"]
+
+    def keyword(q: str, filters: _Filters, terms: bool) -> tuple[bool, list]:
+        s = _Searcher(conn, QuerySettings(), Tuning(keyword_document_terms=terms), filters)
+        s.prepare(False)
+        rows = s.search([(q, None)], ["keyword"])[0]["keyword"]
+        return "document_terms" in s.keyword_sql(), [(r[0], r[1], r[2], round(r[3], 9), round(r[4], 9)) for r in rows]
+
+    c.refresh()
+    for filters in (_Filters(), _Filters(sources=["decisions", "code"]), _Filters(kinds=["doc"])):
+        for q in queries:
+            used, got = keyword(q, filters, True)
+            assert used, q
+            assert got == keyword(q, filters, False)[1], (q, filters)
+    assert keyword("restart celery workers", _Filters(), True)[1]          # not vacuously equal
+    # the postings are as fresh as the last refresh (like the document vectors): a new document is found by the
+    # keyword channel once the refresh that ends every `kb index` has run
+    c.doc("adr/0003-zeppelin.md", ["Zeppelin notebooks replace the reporting cron."], source="decisions",
+          kind="adr", title="Zeppelin notebooks")
+    assert keyword("zeppelin notebooks", _Filters(), True)[1] == []
+    c.refresh()
+    assert [r[1] for r in keyword("zeppelin notebooks", _Filters(), True)[1]] == [
+        r[1] for r in keyword("zeppelin notebooks", _Filters(), False)[1]] != []
+    # a TRUNCATE of chunks forgets them: the chunks are read until the next refresh rebuilds them
+    conn.execute("TRUNCATE chunks")
+    assert keyword("restart celery workers", _Filters(), True) == (False, [])
+    assert conn.execute("SELECT document_terms FROM query_stats").fetchone()[0] is False

@@ -55,6 +55,10 @@ def _assert_exact(conn, space_table: str) -> None:
     want = _expected(conn, space_table)
     got_lex = dict(conn.execute("SELECT lexeme, ndoc FROM lexeme_stats").fetchall())
     assert got_lex == want["lexemes"]
+    # the keyword channel's document postings: every (lexeme, document) of the chunks, with exactly its chunks
+    assert _terms(conn, "SELECT lexeme, document_id, chunk_ids FROM document_terms") == _terms(
+        conn, "SELECT l, c.document_id, array_agg(c.id) FROM chunks c, unnest(tsvector_to_array(c.tsv)) l GROUP BY 1, 2")
+    assert conn.execute("SELECT document_terms FROM query_stats").fetchone()[0] is True
     assert conn.execute("SELECT n_chunks, n_lexemes FROM query_stats").fetchone() == (
         want["n_chunks"], len(want["lexemes"]))
     got = {r[0]: (r[1], r[2], r[3]) for r in conn.execute(
@@ -71,6 +75,13 @@ def _assert_exact(conn, space_table: str) -> None:
         f" LEFT JOIN {space_table} e ON e.chunk_hash = c.chunk_hash WHERE d.status = 'active' GROUP BY d.id"
         f" HAVING count(e.chunk_hash) < count(*)").fetchall())
     assert dict(conn.execute("SELECT document_id, n_embedded FROM doc_vector_pending").fetchall()) == pending
+
+
+def _terms(conn, query: str) -> dict[tuple[str, int], list[int]]:
+    rows = conn.execute(query).fetchall()
+    out = {(lexeme, doc): sorted(ids) for lexeme, doc, ids in rows}
+    assert len(out) == len(rows)   # one row per (lexeme, document)
+    return out
 
 
 def _floats(v) -> list[float]:

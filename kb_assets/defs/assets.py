@@ -232,6 +232,7 @@ def kb_search_index(context: dg.AssetExecutionContext, kb: KbResource) -> dg.Mat
         "space_activated": stats.activated, "query_stats_refreshed": stats.query_stats_refreshed,
         "query_stats_seconds": q.get("seconds", 0.0), "lexemes": q.get("lexemes", 0),
         "document_vectors": dg.MetadataValue.json(q.get("document_vectors") or {}),
+        "keyword_postings_written": q.get("document_terms", 0),   # document_terms rows (migration 014)
         "seconds": stats.seconds,
     })
 

@@ -1,6 +1,8 @@
 """Stage (part of the search index): what the query needs beyond the index proper, refreshed after indexing by `refresh_query_stats(conn)`:
 
 - lexeme_stats / query_stats: per-lexeme chunk frequencies (IDF for long keyword queries);
+- document_terms: the keyword channel's postings per document (which of its chunks hold each lexeme: BM25's
+  tf and the best chunk, without reading the chunk heap at query time; migration 014);
 - a document-vector table beside the active space (`<space table>_docs`): one vector per document, the mean
   of its chunks' vectors, with its own HNSW index. It is the query's third channel: nearest *documents*,
   so results come from many distinct documents even when one long document owns every chunk of the
@@ -53,7 +55,8 @@ def refresh_query_stats(conn, *, full: bool = False) -> dict:
 
     Returns chunks, lexemes, mode ("full" | "incremental"), changed_documents (incremental: documents whose
     chunks changed), document_vectors {added, removed} (rows of the document-vector table replaced),
-    lexeme_seconds, document_vector_seconds, seconds.
+    document_terms (rows of the keyword postings written), lexeme_seconds, document_terms_seconds,
+    document_vector_seconds, seconds.
     """
     from kb_assets.store.spaces import active_space
 
@@ -68,15 +71,21 @@ def refresh_query_stats(conn, *, full: bool = False) -> dict:
         tables = [sql.Identifier("chunks")] + ([sql.Identifier(space[2])] if space is not None else [])
         conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(sql.SQL(", ").join(tables)))
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (STATS_LOCK_ID,))
-        row = conn.execute("SELECT n_chunks, n_lexemes, chunk_watermark, vector_space, boilerplate_docs"
-                           " FROM query_stats WHERE id = 1").fetchone()
-        n_chunks, n_lex, watermark, tracked, bp = row if row else (0, 0, None, None, None)
+        row = conn.execute("SELECT n_chunks, n_lexemes, chunk_watermark, vector_space, boilerplate_docs,"
+                           " document_terms FROM query_stats WHERE id = 1").fetchone()
+        n_chunks, n_lex, watermark, tracked, bp, terms_kept = row if row else (0, 0, None, None, None, False)
         if full or watermark is None or bp != BOILERPLATE_DOCS:
             chunks = _chunks_full(conn, watermark)
         else:
             chunks = _chunks_incremental(conn, watermark, n_chunks, n_lex)
         out.update(chunks=chunks["n_chunks"], lexemes=chunks["n_lexemes"], mode=chunks["mode"],
                    lexeme_seconds=round(time.perf_counter() - started, 3))
+        t0 = time.perf_counter()
+        if chunks["mode"] == "full" or not terms_kept:      # not kept: a new database, migrated or truncated
+            out["document_terms"] = _document_terms_full(conn, unread=not terms_kept)
+        else:
+            out["document_terms"] = _document_terms_for(conn, chunks["changed_documents"])
+        out["document_terms_seconds"] = round(time.perf_counter() - t0, 3)
         if chunks["changed_documents"] is not None:
             out["changed_documents"] = len(chunks["changed_documents"])
         if space is not None:
@@ -93,16 +102,19 @@ def refresh_query_stats(conn, *, full: bool = False) -> dict:
             tracked = None
         conn.execute(
             "INSERT INTO query_stats (id, n_chunks, n_lexemes, refreshed_at, chunk_watermark, vector_space,"
-            " boilerplate_docs) VALUES (1, %(n)s, %(l)s, now(), %(w)s, %(v)s, %(b)s)"
+            " boilerplate_docs, document_terms) VALUES (1, %(n)s, %(l)s, now(), %(w)s, %(v)s, %(b)s, true)"
             " ON CONFLICT (id) DO UPDATE SET n_chunks = EXCLUDED.n_chunks, n_lexemes = EXCLUDED.n_lexemes,"
             " refreshed_at = EXCLUDED.refreshed_at, chunk_watermark = EXCLUDED.chunk_watermark,"
-            " vector_space = EXCLUDED.vector_space, boilerplate_docs = EXCLUDED.boilerplate_docs",
+            " vector_space = EXCLUDED.vector_space, boilerplate_docs = EXCLUDED.boilerplate_docs,"
+            " document_terms = EXCLUDED.document_terms",
             {"n": chunks["n_chunks"], "l": chunks["n_lexemes"], "w": chunks["watermark"], "v": tracked,
              "b": BOILERPLATE_DOCS})
     # Outside the transaction (chunk writers no longer wait): planner statistics after a rebuild (smaller
     # changes: autovacuum's autoanalyze, off our clock) and a first HNSW build.
     if chunks["mode"] == "full":
         conn.execute("ANALYZE lexeme_stats")
+    if chunks["mode"] == "full" or not terms_kept:
+        conn.execute("ANALYZE document_terms")
     if space is not None:
         t0 = time.perf_counter()
         t = doc_vector_table(space[2])
@@ -223,6 +235,49 @@ def _refresh_chunk_texts(conn, docs: set[int]) -> set[int]:
         "INSERT INTO common_texts (text_md5, ndocs) SELECT text_md5, count(*) FROM chunk_texts"
         " WHERE text_md5 = ANY(%s) GROUP BY 1 HAVING count(*) > %s RETURNING text_md5", (touched, BOILERPLATE_DOCS))}
     return _documents_with(conn, was ^ now)
+
+
+# ---- the keyword channel's document postings --------------------------------------------------------------
+
+# One row per (lexeme, document): the document's chunks holding the lexeme. The ids' order does not matter (the
+# best chunk is chosen by coverage, then lowest id).
+_TERMS_SQL = ("INSERT INTO document_terms (lexeme, document_id, chunk_ids)"
+              " SELECT l, c.document_id, array_agg(c.id) FROM chunks c, unnest(tsvector_to_array(c.tsv)) AS l{where}"
+              " GROUP BY 1, 2")
+
+
+def _document_terms_full(conn, *, unread: bool) -> int:
+    """document_terms from scratch. `unread`: no query reads it now (query_stats.document_terms is false), so
+    its indexes are dropped and built after the bulk insert (40K synthetic chunks, 1.9M postings: ~6 s in all);
+    else DELETE, not TRUNCATE or an index rebuild (both lock readers out): queries read the previous rows
+    meanwhile."""
+    from kb_assets.store.spaces import own
+
+    # the aggregate as a hash table in memory (the default 4 MB sorts on disk: ~2x slower)
+    conn.execute("SET LOCAL work_mem = '128MB'")
+    if unread:   # nothing reads it: a TRUNCATE leaves no dead rows between the new ones
+        conn.execute("TRUNCATE document_terms")
+        conn.execute(sql.SQL("DROP INDEX IF EXISTS {}, {}").format(own(conn, "document_terms_lexeme_idx"),
+                                                                   own(conn, "document_terms_document_idx")))
+    else:
+        conn.execute("DELETE FROM document_terms")
+    # each lexeme's rows together, so a query reads them from a few adjacent pages (unordered: the keyword SQL
+    # 1.1x slower); ordered by the lexeme's hash, not its text: the text sort took ~2 s of 40K chunks' ~7 s
+    n = conn.execute(_TERMS_SQL.format(where="") + " ORDER BY hashtext(l)").rowcount
+    if unread:
+        conn.execute("CREATE UNIQUE INDEX document_terms_lexeme_idx ON document_terms (lexeme, document_id)")
+        conn.execute("CREATE INDEX document_terms_document_idx ON document_terms (document_id)")
+    conn.execute("RESET work_mem")
+    return n
+
+
+def _document_terms_for(conn, docs: set[int]) -> int:
+    """The rows of `docs` (documents whose chunks changed, deleted ones included) recomputed from their chunks."""
+    if not docs:
+        return 0
+    ids = list(docs)
+    conn.execute("DELETE FROM document_terms WHERE document_id = ANY(%s)", (ids,))
+    return conn.execute(_TERMS_SQL.format(where=" WHERE c.document_id = ANY(%s)"), (ids,)).rowcount
 
 
 def _documents_with(conn, texts: set[str]) -> set[int]:

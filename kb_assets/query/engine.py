@@ -8,7 +8,8 @@ Pipeline of one query (docs/QUALITY.md has the measurements behind each choice):
    - document vectors: the nearest documents by the mean of their chunk vectors (built by
      refresh_query_stats) — diversity: one long transcript takes one place, not the whole window;
    - keyword: the query's lexemes (english stemming) with their chunk frequencies from lexeme_stats; the
-     most selective ones, within a postings budget, are looked up one by one through the GIN index, and the
+     most selective ones, within a postings budget, are looked up one by one — in document_terms (one row per
+     lexeme and document, kept by refresh_query_stats), else through the chunks' GIN index — and the
      documents scored by BM25 over those postings (Tuning.keyword_bm25; or, off, each match scored by IDF or
      idf × ts_rank, summed per chunk, at most `per_document_chunks` per document).
 2. Collapse to documents per channel: a document's channel score is its best chunk plus a decayed share of
@@ -89,6 +90,10 @@ class Tuning:
     bm25_tf: str = "chunks"
     bm25_occurrence_weights: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)   # per position: D, C, B, A
     title_weight: float = 0.25
+    # BM25 postings read from document_terms (migration 014; the same documents, scores and best chunks as
+    # from the chunks, at ~0.6x the keyword SQL's time on the real PEP index: docs/BENCHMARKS.md, "The keyword
+    # channel from document postings"). False, or a database not refreshed since migrating: from the chunks.
+    keyword_document_terms: bool = True
     # A fourth ranking in the fusion: each candidate document's opening (its first chunk: title, front
     # matter, first window) against the query, weighted so (0: off). Scored for the candidates only.
     opening_weight: float = 0.0
@@ -473,6 +478,33 @@ _KEYWORD_BM25_TAIL = (
     " SELECT best.id, top.document_id, d.kind, top.s{title_score},"
     " best.cov, (SELECT sum(idf) FROM allw), (SELECT count(*) FROM sel)"
     " FROM top JOIN best USING (document_id) JOIN documents d ON d.id = top.document_id{title_join} ORDER BY 4 DESC, 2")
+# The same ranking from document_terms (Tuning.keyword_document_terms; tf "chunks" only): each selected lexeme's
+# documents by one index range, their lengths and filters read once per document (not per posting), the best
+# chunk of the window's documents from the postings' chunk ids, the title's lexemes stored (documents.title_terms).
+_KEYWORD_TERMS_TAIL = (
+    " dt AS MATERIALIZED (SELECT p.document_id, p.lexeme, cardinality(p.chunk_ids)::float8 AS tf, sel.idf,"
+    "  p.chunk_ids FROM sel JOIN document_terms p ON p.lexeme = sel.lexeme),"
+    " ddf AS (SELECT lexeme, count(*)::float8 AS ndf FROM dt GROUP BY lexeme),"
+    " dd AS MATERIALIZED (SELECT d.id AS document_id, octet_length(d.text)::float8 AS dl, d.kind FROM documents d"
+    "  WHERE d.id = ANY(ARRAY(SELECT DISTINCT document_id FROM dt)) AND d.status = 'active'{filter}),"
+    " ds AS (SELECT dt.document_id, sum(ln(1 + (%(ndocs)s - ddf.ndf + 0.5) / (ddf.ndf + 0.5))"
+    "  * dt.tf * (%(k1)s + 1) / (dt.tf + %(k1)s * (1 - %(b)s + %(b)s * dd.dl / %(avgdl)s))) AS s"
+    "  FROM dt JOIN ddf USING (lexeme) JOIN dd USING (document_id) GROUP BY dt.document_id),"
+    " top AS MATERIALIZED (SELECT ds.document_id, ds.s, dd.kind FROM ds JOIN dd USING (document_id)"
+    "  ORDER BY ds.s DESC, ds.document_id LIMIT %(kw_window)s),"
+    " ch AS (SELECT c.id, dt.document_id, sum(dt.idf) AS cov FROM dt JOIN top USING (document_id)"
+    "  CROSS JOIN LATERAL unnest(dt.chunk_ids) AS c(id) GROUP BY 1, 2),"
+    " best AS (SELECT DISTINCT ON (ch.document_id) ch.document_id, ch.id, ch.cov FROM ch"
+    "  ORDER BY ch.document_id, ch.cov DESC, ch.id){title}"
+    " SELECT best.id, top.document_id, top.kind, top.s{title_score},"
+    " best.cov, (SELECT sum(idf) FROM allw), (SELECT count(*) FROM sel)"
+    " FROM top JOIN best USING (document_id){title_join} ORDER BY 4 DESC, 2")
+_KEYWORD_TERMS_TITLE_CTE = (
+    ", tt AS (SELECT top.document_id, sum(a.idf) AS t FROM top JOIN documents d ON d.id = top.document_id"
+    " CROSS JOIN LATERAL unnest(tsvector_to_array(d.title_terms)) AS tl(lexeme)"
+    " JOIN allw a ON a.lexeme = tl.lexeme GROUP BY top.document_id)")
+
+
 # A document's term frequency (Tuning.bm25_tf): "chunks" holding the term, or its "occurrences" in the whole
 # document (each matching chunk's count: ts_rank_cd of a one-lexeme query sums its positions' weights,
 # Tuning.bm25_occurrence_weights, at most 256 positions per chunk) — for every kind, for code only
@@ -533,6 +565,7 @@ class _Searcher:
         self.doc_table: str | None = None
         self.n_chunks = 1
         self.have_stats = False
+        self.have_terms = False            # document_terms kept by the last statistics refresh
         self.exact = False
         self.has_vector_index = True
         self.n_docs = 1
@@ -550,11 +583,13 @@ class _Searcher:
             " IS NOT NULL, (SELECT n_chunks FROM query_stats WHERE id = 1),"
             " coalesce((SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(quote_ident(current_schema())"
             " || '.' || quote_ident(left(s.table_name || '_hnsw', 63)))), false),"
-            " (SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'chunks'::regclass), " + count +
+            " (SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'chunks'::regclass), " + count + ","
+            " (SELECT document_terms FROM query_stats WHERE id = 1)"
             " FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT model, dimension, table_name FROM embedding_spaces"
             " WHERE activated_at IS NOT NULL ORDER BY activated_at DESC LIMIT 1) s ON true",
             {**fparams, "lim": self.t.exact_scan_chunks + 1}).fetchone()
-        model, dim, table, has_docs, n_stats, has_vector_index, n_est, n_filtered = row
+        model, dim, table, has_docs, n_stats, has_vector_index, n_est, n_filtered, have_terms = row
+        self.have_terms = bool(have_terms)
         self.has_vector_index = bool(has_vector_index)
         if table is not None:
             from kb_assets.store.spaces import doc_vector_table
@@ -607,6 +642,11 @@ class _Searcher:
         base = _KEYWORD_SQL if self.have_stats else _KEYWORD_SQL_NOSTATS
         if self.t.keyword_bm25 and self.have_stats:
             titled = self.t.title_weight > 0
+            if self.have_terms and self.t.keyword_document_terms and self.t.bm25_tf == "chunks":
+                return base.replace(_KEYWORD_TAIL, _KEYWORD_TERMS_TAIL).replace("{filter}", fsql).replace(
+                    "{title}", _KEYWORD_TERMS_TITLE_CTE if titled else "").replace(
+                    "{title_score}", " + %(title_w)s * coalesce(tt.t, 0)" if titled else "").replace(
+                    "{title_join}", " LEFT JOIN tt ON tt.document_id = top.document_id" if titled else "")
             base = base.replace(_KEYWORD_TAIL, _KEYWORD_BM25_TAIL)
             for k, v in _bm25_tf_sql(self.t.bm25_tf).items():
                 base = base.replace(k, v)
