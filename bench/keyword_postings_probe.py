@@ -1,6 +1,7 @@
-"""Probe (nothing shipped): would the keyword channel be cheaper reading its postings from something narrower
-than the chunk heap? On a real index, recall()'s keyword SQL reads each selected lexeme's chunks through the GIN
-index, one bitmap heap scan of `chunks` per lexeme (docs/BENCHMARKS.md, "On a real index: the PEPs at HEAD").
+"""Probe: would the keyword channel be cheaper reading its postings from something narrower
+than the chunk heap? On a real index, recall()'s keyword SQL read each selected lexeme's chunks through the GIN
+index, one bitmap heap scan of `chunks` per lexeme (docs/BENCHMARKS.md, "On a real index: the PEPs at HEAD"); since
+migration 014 it reads document_terms (the last variant below), and the chunks only as a fallback.
 
     python bench/keyword_postings_probe.py PATH/TO/kb.yaml [--long 60] [--rounds 3]
 
@@ -14,10 +15,12 @@ Builds two scratch relations in that index's database and drops them at the end:
 - "document postings, lean": the same with each document's text length stored beside its tf (`exp_doc_postings.dl`:
   no join to `documents` until the window is cut), the CTEs materialised (their row estimates were 37 where 4,571
   rows flow) and the best chunk looked up by `document_id = ANY(window)`.
+- "document_terms (shipped, migration 014)": what recall() runs since 2026-12-04 (when the index's last refresh kept
+  document_terms): postings per (lexeme, document) with their chunk ids, the best chunk from those ids.
 `--explain` prints `EXPLAIN (ANALYZE, BUFFERS)` of one paragraph query for every variant first.
-Then times the shipped keyword SQL and the same SQL with its postings scan swapped (the 20 short topic queries of
+Then times the keyword SQL from the chunks and the same SQL with its postings scan swapped (the 20 short topic queries of
 bench/recall_latency.py and `--long` What's-New paragraphs, jit and parallel workers off as recall() sets them),
-and checks that every variant returns exactly the shipped documents and scores.
+and checks that every variant returns exactly the chunks SQL's documents and scores.
 """
 from __future__ import annotations
 
@@ -129,14 +132,21 @@ def main() -> None:
             "SELECT pg_size_pretty(pg_total_relation_size('exp_terms')), pg_size_pretty(pg_relation_size('exp_terms')),"
             " pg_size_pretty(pg_relation_size('chunks'))").fetchone(), time.time() - t))
 
-        searcher = _Searcher(conn, cfg.query, Tuning(), _Filters())
+        # the keyword SQL from the chunks (before migration 014, and the fallback), and the shipped one
+        searcher = _Searcher(conn, cfg.query, Tuning(keyword_document_terms=False), _Filters())
         searcher.prepare(True)
         shipped = searcher.keyword_sql()
         if SHIPPED not in shipped:
             sys.exit("the keyword SQL changed: update SHIPPED in this probe")
-        sqls = {"chunks (shipped)": shipped, **{k: shipped.replace(SHIPPED, v) for k, v in VARIANTS.items()},
+        terms = _Searcher(conn, cfg.query, Tuning(), _Filters())
+        terms.prepare(True)
+        sqls = {"chunks (before 014)": shipped, **{k: shipped.replace(SHIPPED, v) for k, v in VARIANTS.items()},
                 "document postings": document_postings_sql(shipped),
                 "document postings, lean": lean_document_postings_sql(shipped)}
+        if "document_terms" in terms.keyword_sql():
+            sqls["document_terms (shipped, migration 014)"] = terms.keyword_sql()
+        else:
+            print("document_terms not kept in this index yet (no refresh since migration 014): not measured")
         queries = list(SHORT_PEP_QUERIES) + list(load_queries(
             ROOT.parent / "shared" / "eval" / "peps_whatsnew" / "queries.jsonl").values())[:a.long]
 

@@ -91,7 +91,7 @@ class Tuning:
     bm25_occurrence_weights: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)   # per position: D, C, B, A
     title_weight: float = 0.25
     # BM25 postings read from document_terms (migration 014; the same documents, scores and best chunks as
-    # from the chunks, at ~0.6x the keyword SQL's time on the real PEP index: docs/BENCHMARKS.md, "The keyword
+    # from the chunks, at ~0.66x the keyword SQL's time on the real PEP index: docs/BENCHMARKS.md, "The keyword
     # channel from document postings"). False, or a database not refreshed since migrating: from the chunks.
     keyword_document_terms: bool = True
     # A fourth ranking in the fusion: each candidate document's opening (its first chunk: title, front
@@ -643,15 +643,13 @@ class _Searcher:
         if self.t.keyword_bm25 and self.have_stats:
             titled = self.t.title_weight > 0
             if self.have_terms and self.t.keyword_document_terms and self.t.bm25_tf == "chunks":
-                return base.replace(_KEYWORD_TAIL, _KEYWORD_TERMS_TAIL).replace("{filter}", fsql).replace(
-                    "{title}", _KEYWORD_TERMS_TITLE_CTE if titled else "").replace(
-                    "{title_score}", " + %(title_w)s * coalesce(tt.t, 0)" if titled else "").replace(
-                    "{title_join}", " LEFT JOIN tt ON tt.document_id = top.document_id" if titled else "")
-            base = base.replace(_KEYWORD_TAIL, _KEYWORD_BM25_TAIL)
-            for k, v in _bm25_tf_sql(self.t.bm25_tf).items():
-                base = base.replace(k, v)
+                base, title_cte = base.replace(_KEYWORD_TAIL, _KEYWORD_TERMS_TAIL), _KEYWORD_TERMS_TITLE_CTE
+            else:
+                base, title_cte = base.replace(_KEYWORD_TAIL, _KEYWORD_BM25_TAIL), _KEYWORD_TITLE_CTE
+                for k, v in _bm25_tf_sql(self.t.bm25_tf).items():
+                    base = base.replace(k, v)
             return base.replace("{filter}", fsql).replace(
-                "{title}", _KEYWORD_TITLE_CTE if titled else "").replace(
+                "{title}", title_cte if titled else "").replace(
                 "{title_score}", " + %(title_w)s * coalesce(tt.t, 0)" if titled else "").replace(
                 "{title_join}", " LEFT JOIN tt ON tt.document_id = top.document_id" if titled else "")
         if not self.t.keyword_tf:   # no ts_rank: the chunk's tsvector is never read (no detoasting)
