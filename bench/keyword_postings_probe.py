@@ -132,7 +132,7 @@ def main() -> None:
             "SELECT pg_size_pretty(pg_total_relation_size('exp_terms')), pg_size_pretty(pg_relation_size('exp_terms')),"
             " pg_size_pretty(pg_relation_size('chunks'))").fetchone(), time.time() - t))
 
-        # the keyword SQL from the chunks (before migration 014, and the fallback), and the shipped one
+        # the keyword SQL from the chunks (the fallback; before migration 014 it also computed the titles' lexemes), and the shipped one
         searcher = _Searcher(conn, cfg.query, Tuning(keyword_document_terms=False), _Filters())
         searcher.prepare(True)
         shipped = searcher.keyword_sql()
@@ -140,7 +140,7 @@ def main() -> None:
             sys.exit("the keyword SQL changed: update SHIPPED in this probe")
         terms = _Searcher(conn, cfg.query, Tuning(), _Filters())
         terms.prepare(True)
-        sqls = {"chunks (before 014)": shipped, **{k: shipped.replace(SHIPPED, v) for k, v in VARIANTS.items()},
+        sqls = {"chunks (fallback)": shipped, **{k: shipped.replace(SHIPPED, v) for k, v in VARIANTS.items()},
                 "document postings": document_postings_sql(shipped),
                 "document postings, lean": lean_document_postings_sql(shipped)}
         if "document_terms" in terms.keyword_sql():

@@ -480,7 +480,7 @@ _KEYWORD_BM25_TAIL = (
     " FROM top JOIN best USING (document_id) JOIN documents d ON d.id = top.document_id{title_join} ORDER BY 4 DESC, 2")
 # The same ranking from document_terms (Tuning.keyword_document_terms; tf "chunks" only): each selected lexeme's
 # documents by one index range, their lengths and filters read once per document (not per posting), the best
-# chunk of the window's documents from the postings' chunk ids, the title's lexemes stored (documents.title_terms).
+# chunk of the window's documents from the postings' chunk ids.
 _KEYWORD_TERMS_TAIL = (
     " dt AS MATERIALIZED (SELECT p.document_id, p.lexeme, cardinality(p.chunk_ids)::float8 AS tf, sel.idf,"
     "  p.chunk_ids FROM sel JOIN document_terms p ON p.lexeme = sel.lexeme),"
@@ -499,10 +499,6 @@ _KEYWORD_TERMS_TAIL = (
     " SELECT best.id, top.document_id, top.kind, top.s{title_score},"
     " best.cov, (SELECT sum(idf) FROM allw), (SELECT count(*) FROM sel)"
     " FROM top JOIN best USING (document_id){title_join} ORDER BY 4 DESC, 2")
-_KEYWORD_TERMS_TITLE_CTE = (
-    ", tt AS (SELECT top.document_id, sum(a.idf) AS t FROM top JOIN documents d ON d.id = top.document_id"
-    " CROSS JOIN LATERAL unnest(tsvector_to_array(d.title_terms)) AS tl(lexeme)"
-    " JOIN allw a ON a.lexeme = tl.lexeme GROUP BY top.document_id)")
 
 
 # A document's term frequency (Tuning.bm25_tf): "chunks" holding the term, or its "occurrences" in the whole
@@ -522,11 +518,11 @@ def _bm25_tf_sql(mode: str) -> dict[str, str]:
 
 
 # With a title weight: the IDF of the query lexemes in each window document's title (or path, split on / _ .
-# and camelCase), one hash join for the window — only then (a per-row subplan cost 70 ms at 50K chunks).
+# and camelCase: documents.title_terms, stored since migration 014 — ~3 ms a query computed for 200 titles), one
+# hash join for the window — only then (a per-row subplan cost 70 ms at 50K chunks).
 _KEYWORD_TITLE_CTE = (
     ", tt AS (SELECT top.document_id, sum(a.idf) AS t FROM top JOIN documents d ON d.id = top.document_id"
-    " CROSS JOIN LATERAL unnest(tsvector_to_array(to_tsvector('english', regexp_replace(regexp_replace("
-    " coalesce(d.title, ''), '([a-z])([A-Z])', '\\1 \\2', 'g'), '[/_.-]+', ' ', 'g')))) AS tl(lexeme)"
+    " CROSS JOIN LATERAL unnest(tsvector_to_array(d.title_terms)) AS tl(lexeme)"
     " JOIN allw a ON a.lexeme = tl.lexeme GROUP BY top.document_id)")
 
 # Without statistics (never refreshed): the lexemes chosen in Python, all counted as equally rare.
@@ -643,13 +639,13 @@ class _Searcher:
         if self.t.keyword_bm25 and self.have_stats:
             titled = self.t.title_weight > 0
             if self.have_terms and self.t.keyword_document_terms and self.t.bm25_tf == "chunks":
-                base, title_cte = base.replace(_KEYWORD_TAIL, _KEYWORD_TERMS_TAIL), _KEYWORD_TERMS_TITLE_CTE
+                base = base.replace(_KEYWORD_TAIL, _KEYWORD_TERMS_TAIL)
             else:
-                base, title_cte = base.replace(_KEYWORD_TAIL, _KEYWORD_BM25_TAIL), _KEYWORD_TITLE_CTE
+                base = base.replace(_KEYWORD_TAIL, _KEYWORD_BM25_TAIL)
                 for k, v in _bm25_tf_sql(self.t.bm25_tf).items():
                     base = base.replace(k, v)
             return base.replace("{filter}", fsql).replace(
-                "{title}", title_cte if titled else "").replace(
+                "{title}", _KEYWORD_TITLE_CTE if titled else "").replace(
                 "{title_score}", " + %(title_w)s * coalesce(tt.t, 0)" if titled else "").replace(
                 "{title_join}", " LEFT JOIN tt ON tt.document_id = top.document_id" if titled else "")
         if not self.t.keyword_tf:   # no ts_rank: the chunk's tsvector is never read (no detoasting)
