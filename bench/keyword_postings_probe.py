@@ -132,7 +132,8 @@ def main() -> None:
             "SELECT pg_size_pretty(pg_total_relation_size('exp_terms')), pg_size_pretty(pg_relation_size('exp_terms')),"
             " pg_size_pretty(pg_relation_size('chunks'))").fetchone(), time.time() - t))
 
-        # the keyword SQL from the chunks (the fallback; before migration 014 it also computed the titles' lexemes), and the shipped one
+        # the keyword SQL from the chunks (the fallback; before migration 014 it also computed the titles'
+        # lexemes per query), and the shipped one
         searcher = _Searcher(conn, cfg.query, Tuning(keyword_document_terms=False), _Filters())
         searcher.prepare(True)
         shipped = searcher.keyword_sql()
