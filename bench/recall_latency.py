@@ -256,6 +256,13 @@ def real_queries(cfg, n_long: int):
     return [(q, emb.embed_query(q), None) for q in SHORT_PEP_QUERIES + long_q]
 
 
+def _argv() -> str:
+    """This run's arguments, as the command line of the section it writes."""
+    import shlex
+
+    return " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
 def write_doc(section: str) -> Path:
     doc = ROOT / "docs" / "BENCHMARKS.md"
     doc.parent.mkdir(parents=True, exist_ok=True)
@@ -338,7 +345,7 @@ def main() -> None:
         section = "\n".join([
             "## recall latency",
             "",
-            f"Command: `python bench/recall_latency.py --write-doc`. Synthetic index: {meta['chunks']:,} chunks in "
+            f"Command: `python bench/recall_latency.py {_argv()}`. Synthetic index: {meta['chunks']:,} chunks in "
             f"{meta['documents']:,} documents, {meta['transcripts']} of them long transcripts holding ~20% of the chunks "
             f"(clustered 384-d vectors, Zipf texts; see the script's docstring). {args.short} short and {args.long} "
             f"paragraph-long queries, {args.runs} passes. Embedded PostgreSQL 16 + pgvector 0.6.2 (pgserver), "
@@ -402,8 +409,8 @@ def main_real(args) -> None:
         section = "\n".join([
             "### recall latency on a real index (PEPs)",
             "",
-            f"Command: `python bench/recall_latency.py --real {args.real} --long {args.long} --write-doc` — the PEP "
-            f"corpus indexed by the real pipeline (`bench/eval_peps.py`: {n_chunks:,} chunks, {n_docs} documents, "
+            f"Command: `python bench/recall_latency.py {_argv()}` — the PEP "
+            f"corpus indexed by the real pipeline ({n_chunks:,} chunks, {n_docs} documents, "
             f"all-MiniLM-L6-v2, extractive signposts), {len(SHORT_PEP_QUERIES)} short topic queries and {args.long} "
             f"What's-New paragraphs, {args.runs} passes, load average {load_before[0]:.1f} before / "
             f"{load_after[0]:.1f} after.",
@@ -411,7 +418,7 @@ def main_real(args) -> None:
             *table,
             "",
             f"recall(): short queries p50/p95 {sq[0]:.1f}/{sq[1]:.1f} ms, paragraphs {pq[0]:.1f}/{pq[1]:.1f} ms "
-            "(a paragraph searches up to 24 selective words: the keyword channel is its largest cost); "
+            "(a paragraph searches up to 48 selective words: the keyword channel is its largest cost); "
             f"{100 * r['exact_top20_in_candidates']:.1f}% of the exact top-20 documents are among its candidates.",
             ""])
         doc = ROOT / "docs" / "BENCHMARKS.md"

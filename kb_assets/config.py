@@ -101,7 +101,7 @@ class ServeSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8765, ge=1, le=65535)
     default_rate: str = "60/min"            # `kb token create` without --rate
-    pool_size: int = Field(8, ge=2, le=64)  # database connections of the server
+    pool_size: int = Field(8, ge=2, le=64)  # server connections (a recall() in use opens a second one beside)
     # intra-op threads of one query embedding (local model, onnxruntime; capped at the cores). 2: with
     # onnxruntime's spinning off, a second thread costs ~5% more CPU and cuts a paragraph's wall time by
     # ~1/3 even on a busy machine (docs/BENCHMARKS.md "kb serve", bench/serve_embed_threads.py)

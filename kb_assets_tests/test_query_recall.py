@@ -625,3 +625,41 @@ def test_keyword_channel_reads_document_terms_with_the_same_results(conn):
     conn.execute("TRUNCATE chunks")
     assert keyword("restart celery workers", _Filters(), True) == (False, [])
     assert conn.execute("SELECT document_terms FROM query_stats").fetchone()[0] is False
+
+
+def test_vector_channels_run_beside_the_keyword_channel_on_a_second_connection(corpus, conn):
+    """Tuning.parallel_channels: in hybrid mode the vector channels run on a second connection while the keyword
+    channel runs on the caller's. The answers are the same as on one connection; the second connection reads the
+    caller's schema (its exact search_path); a lost second connection costs nothing but the overlap (the query is
+    answered on the first, and a new one is opened next time); inside a caller's open transaction, whose rows a
+    second connection could not see, none is used."""
+    from kb_assets.query import engine
+
+    emb = ToyEmbedder()
+    queries = ["restart celery workers", "kafka bid pipeline", "postgres backups nightly", "tomato bread choir",
+               ["celery restart", "send invoice retry"]]
+
+    def answer(q, parallel: bool = True):
+        r = recall(q, conn=conn, embedder=emb, tuning=Tuning(parallel_channels=parallel), ranked_ids=True)
+        return r.ranked, ids(r.documents), ids(r.code), [rec.score for rec in r.documents + r.code]
+
+    engine._drop_sibling(conn)
+    for q in queries:
+        assert answer(q) == answer(q, parallel=False), q
+    assert answer(queries[0])[1][:1] == ["kb:decisions/adr/0001-celery-restart.md"]     # not vacuously equal
+    path, sib = engine._siblings[conn]
+    assert path == conn.execute("SHOW search_path").fetchone()[0] == sib.execute("SHOW search_path").fetchone()[0]
+    assert sib.info.backend_pid != conn.info.backend_pid
+    # lost: an administrator's terminate (or a server restart) between two queries
+    lost = sib.info.backend_pid
+    conn.execute("SELECT pg_terminate_backend(%s)", (lost,))
+    assert answer(queries[0]) == answer(queries[0], parallel=False)
+    assert conn not in engine._siblings
+    answer(queries[1])
+    assert engine._siblings[conn][1].info.backend_pid not in (lost, conn.info.backend_pid)
+    # inside the caller's transaction: one connection only
+    engine._drop_sibling(conn)
+    with conn.transaction():
+        inside = answer(queries[0])
+    assert conn not in engine._siblings
+    assert inside == answer(queries[0], parallel=False)

@@ -2,7 +2,9 @@
 
 Pipeline of one query (docs/QUALITY.md has the measurements behind each choice):
 
-1. Candidates, three channels, in one pipelined transaction (one round trip for all queries):
+1. Candidates, three channels, each set in one pipelined transaction (one round trip for all queries); in
+   hybrid mode the keyword channel runs on the caller's connection while the queries are embedded and the
+   vector channels then run on a second connection to the same schema (Tuning.parallel_channels):
    - chunk vectors: HNSW cosine over the active space, `hnsw.ef_search = candidate_window`, LIMIT the same;
      a chunk text shared by many documents (licence footers, templates) is boilerplate and ignored;
    - document vectors: the nearest documents by the mean of their chunk vectors (built by
@@ -28,11 +30,13 @@ the first call, the embedding model on the first vector query.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
 import threading
 import time
+import weakref
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -97,6 +101,11 @@ class Tuning:
     # A fourth ranking in the fusion: each candidate document's opening (its first chunk: title, front
     # matter, first window) against the query, weighted so (0: off). Scored for the candidates only.
     opening_weight: float = 0.0
+    # In hybrid mode the vector channels run on a second connection (two backends, two cores) while the
+    # keyword channel runs on the caller's: the candidates cost max(keyword, embedding + vectors), not their
+    # sum (docs/BENCHMARKS.md, "Channels side by side"). Never inside a caller's open transaction (the
+    # second connection could not see its uncommitted rows). False: one connection, one channel after another.
+    parallel_channels: bool = True
     # Code files fuse with other channel weights: their keyword weight × code_keyword_factor, their
     # document-vector weight × code_document_factor. A code file's mean chunk vector is closest to the query
     # when the file is small (one function that reads like the report), a large module's is diffuse, so
@@ -231,10 +240,61 @@ class RecallResult:
         return self.render_text()
 
 
+log = logging.getLogger(__name__)
+
 # --------------------------------------------------------------------------------------------------------
 # Query embeddings run here while the keyword channel's SQL runs on the caller's connection (recall()).
 _EMBED_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kb-query-embed")
 OVERLAP_ENV = "KB_RECALL_OVERLAP"     # "0": embed first, then search (measurements: bench/serve_latency.py)
+
+# The second connection of each caller's connection (Tuning.parallel_channels): same database, same
+# search_path, autocommit; opened on first use, replaced when the search_path differs, closed with its owner.
+_siblings: "weakref.WeakKeyDictionary[Any, tuple[str, Any]]" = weakref.WeakKeyDictionary()
+_sibling_failures: set[str] = set()
+
+
+def _sibling_for(conn, search_path: str):
+    """The second connection beside `conn`, or None when none can be opened (then recall() runs its
+    channels one after another on `conn`; the reason is logged once per database)."""
+    with _cache_lock:
+        got = _siblings.get(conn)
+    if got is not None:
+        path, sib = got
+        if path == search_path and not sib.closed and not sib.broken:
+            return sib
+        _drop_sibling(conn)
+    import psycopg
+
+    try:
+        sib = psycopg.connect(conn.info.dsn, password=conn.info.password or None, autocommit=True)
+        # the owner's exact search_path: the channels must read the owner's schema and nothing below it
+        sib.execute("SELECT set_config('search_path', %s, false)", (search_path,))
+    except psycopg.Error as exc:
+        if conn.info.dsn not in _sibling_failures:
+            _sibling_failures.add(conn.info.dsn)
+            log.warning("recall(): no second database connection (%s); the search channels run one after "
+                        "another", str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        return None
+    with _cache_lock:
+        _siblings[conn] = (search_path, sib)
+    weakref.finalize(conn, sib.close)
+    return sib
+
+
+def _idle(conn) -> bool:
+    from psycopg.pq import TransactionStatus
+
+    return conn.info.transaction_status == TransactionStatus.IDLE
+
+
+def _drop_sibling(conn) -> None:
+    with _cache_lock:
+        got = _siblings.pop(conn, None)
+    if got is not None:
+        try:
+            got[1].close()
+        except Exception:   # pragma: no cover - closing a dead connection
+            pass
 
 # Connections and embedders are cached per process: an agent's Python session pays the model load and the
 # database start once.
@@ -535,10 +595,10 @@ _KEYWORD_SQL_NOSTATS = (
 _doc_lengths: dict[tuple, tuple[int, float]] = {}
 
 
-def _document_lengths(conn) -> tuple[int, float]:
-    """(active documents, their mean text bytes) for BM25, cached per database until the next statistics
-    refresh (octet_length reads the stored size: no detoasting)."""
-    key = (conn.info.dsn, conn.execute("SELECT refreshed_at FROM query_stats WHERE id = 1").fetchone())
+def _document_lengths(conn, search_path: str, refreshed_at) -> tuple[int, float]:
+    """(active documents, their mean text bytes) for BM25, cached per database and schema until the next
+    statistics refresh (octet_length reads the stored size: no detoasting)."""
+    key = (conn.info.dsn, search_path, refreshed_at)
     got = _doc_lengths.get(key)
     if got is None:
         n, avg = conn.execute("SELECT count(*), avg(octet_length(text)) FROM documents WHERE status = 'active'").fetchone()
@@ -566,6 +626,7 @@ class _Searcher:
         self.has_vector_index = True
         self.n_docs = 1
         self.avg_doc_bytes = 1.0
+        self.search_path = ""
 
     def prepare(self, need_vectors: bool) -> None:
         fsql, fparams = self.f.sql()
@@ -580,11 +641,13 @@ class _Searcher:
             " coalesce((SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(quote_ident(current_schema())"
             " || '.' || quote_ident(left(s.table_name || '_hnsw', 63)))), false),"
             " (SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'chunks'::regclass), " + count + ","
-            " (SELECT document_terms FROM query_stats WHERE id = 1)"
+            " (SELECT document_terms FROM query_stats WHERE id = 1), current_setting('search_path'),"
+            " (SELECT refreshed_at FROM query_stats WHERE id = 1)"
             " FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT model, dimension, table_name FROM embedding_spaces"
             " WHERE activated_at IS NOT NULL ORDER BY activated_at DESC LIMIT 1) s ON true",
             {**fparams, "lim": self.t.exact_scan_chunks + 1}).fetchone()
-        model, dim, table, has_docs, n_stats, has_vector_index, n_est, n_filtered, have_terms = row
+        (model, dim, table, has_docs, n_stats, has_vector_index, n_est, n_filtered, have_terms, self.search_path,
+         refreshed_at) = row
         self.have_terms = bool(have_terms)
         self.has_vector_index = bool(has_vector_index)
         if table is not None:
@@ -597,7 +660,7 @@ class _Searcher:
         # pgvector < 0.8 returns at most ef_search rows *before* filtering).
         self.exact = n_filtered is not None and n_filtered <= self.t.exact_scan_chunks
         if self.t.keyword_bm25:
-            self.n_docs, self.avg_doc_bytes = _document_lengths(self.conn)
+            self.n_docs, self.avg_doc_bytes = _document_lengths(self.conn, self.search_path, refreshed_at)
 
     # ---- SQL per channel
     def vector_sql(self):
@@ -686,8 +749,9 @@ class _Searcher:
         for did, sim in self.conn.execute(q, (qlit, list(hits))).fetchall():
             hits[did].o_sim = float(sim)
 
-    def search(self, items: list[tuple[str, str | None]], channels: list[str]) -> list[dict[str, list]]:
-        """Candidates of every query in one pipelined transaction: {channel: rows} per query."""
+    def search(self, items: list[tuple[str, str | None]], channels: list[str], conn=None) -> list[dict[str, list]]:
+        """Candidates of every query in one pipelined transaction (on `conn`, default the caller's
+        connection): {channel: rows} per query."""
         _, fparams = self.f.sql()
         plan = []   # (query index, channel, sql, params, ef_search)
         for i, (text, qlit) in enumerate(items):
@@ -702,7 +766,7 @@ class _Searcher:
         out: list[dict[str, list]] = [{} for _ in items]
         if not plan:
             return out
-        conn = self.conn
+        conn = conn if conn is not None else self.conn
         cursors = []
         with conn.pipeline():
             with conn.transaction():
@@ -863,6 +927,8 @@ def recall(queries: str | Sequence[str], *, config=None, limit: int | None = Non
 
     if conn is None:
         conn = _connection_for(cfg)
+    # a caller's open transaction may hold rows a second connection cannot see: then one connection only
+    use_sibling = tuning.parallel_channels and _idle(conn)
     result = RecallResult(queries=qs, documents=[], code=[], mode=mode)
     if filters.any_sql:
         # Say so when the filters alone leave nothing: otherwise an empty answer reads as "nothing relevant"
@@ -919,12 +985,34 @@ def recall(queries: str | Sequence[str], *, config=None, limit: int | None = Non
     # connection while another thread embeds the queries (the encoder and the database each take a core).
     t0 = time.perf_counter()
     if "keyword" in channels and "vector" in channels and os.environ.get(OVERLAP_ENV) != "0":
-        pending = _EMBED_POOL.submit(embed_all)
+        vector_channels = [c for c in channels if c != "keyword"]
+        gated = tuning.gate and tuning.gate_null
+
+        def embed_and_search():
+            # beside the keyword SQL: the embedding, then (on a second connection) the vector channels
+            items, spent = embed_all()
+            sib = _sibling_for(conn, searcher.search_path) if use_sibling else None
+            if sib is None:
+                return items, spent, None
+            import psycopg
+
+            try:
+                found = searcher.search(items, vector_channels, conn=sib)
+                if gated:     # the null level, measured once per process: beside the keyword SQL too
+                    null_similarity(sib, space[2], embedder, searcher.n_chunks)
+            except psycopg.OperationalError as exc:
+                log.info("recall(): the second connection failed (%s); searching on the first", exc)
+                _drop_sibling(conn)
+                return items, spent, None
+            return items, spent, found
+
+        pending = _EMBED_POOL.submit(embed_and_search)
         try:
             keyword_found = searcher.search([(q, None) for q in qs], ["keyword"])
         finally:
-            items, embed_s = pending.result()
-        found = searcher.search(items, [c for c in channels if c != "keyword"])
+            items, embed_s, found = pending.result()
+        if found is None:
+            found = searcher.search(items, vector_channels)
         for rows, kw in zip(found, keyword_found):
             rows.update(kw)
     else:

@@ -39,6 +39,13 @@ def parse_date(value: Any) -> dt.date | None:
     s = str(value).strip()
     if not s or len(s) > 200:
         return None
+    if len(s) == 10 and s[4] == "-" and s[7] == "-":
+        try:    # ISO YYYY-MM-DD, as the index stores dates: what the first pattern and dateutil read, ~50x faster
+            d = dt.date.fromisoformat(s)
+            if 1900 <= d.year < 2100:
+                return d
+        except ValueError:
+            pass
     for rx, dayfirst in _PATTERNS:
         m = rx.search(s)
         if m:
