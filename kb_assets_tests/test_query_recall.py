@@ -647,14 +647,14 @@ def test_vector_channels_run_beside_the_keyword_channel_on_a_second_connection(c
     for q in queries:
         assert answer(q) == answer(q, parallel=False), q
     assert answer(queries[0])[1][:1] == ["kb:decisions/adr/0001-celery-restart.md"]     # not vacuously equal
-    path, sib = engine._siblings[conn]
+    path, sib, _ = engine._siblings[conn]
     assert path == conn.execute("SHOW search_path").fetchone()[0] == sib.execute("SHOW search_path").fetchone()[0]
     assert sib.info.backend_pid != conn.info.backend_pid
     # lost: an administrator's terminate (or a server restart) between two queries
     lost = sib.info.backend_pid
     conn.execute("SELECT pg_terminate_backend(%s)", (lost,))
     assert answer(queries[0]) == answer(queries[0], parallel=False)
-    assert conn not in engine._siblings
+    assert conn not in engine._siblings and sib.closed       # dropped and closed, not left open
     answer(queries[1])
     assert engine._siblings[conn][1].info.backend_pid not in (lost, conn.info.backend_pid)
     # inside the caller's transaction: one connection only

@@ -52,6 +52,8 @@ from kb_assets.query.records import (
     PASSAGE_CHARS, Record, budget_signpost, cut_words, estimate_tokens, fallback_signpost, fit_record, squash,
 )
 
+log = logging.getLogger(__name__)
+
 MODES = ("hybrid", "vector", "keyword")
 ID_PREFIX = "kb:"
 
@@ -240,8 +242,6 @@ class RecallResult:
         return self.render_text()
 
 
-log = logging.getLogger(__name__)
-
 # --------------------------------------------------------------------------------------------------------
 # Query embeddings run here while the keyword channel's SQL runs on the caller's connection (recall()).
 _EMBED_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kb-query-embed")
@@ -249,7 +249,7 @@ OVERLAP_ENV = "KB_RECALL_OVERLAP"     # "0": embed first, then search (measureme
 
 # The second connection of each caller's connection (Tuning.parallel_channels): same database, same
 # search_path, autocommit; opened on first use, replaced when the search_path differs, closed with its owner.
-_siblings: "weakref.WeakKeyDictionary[Any, tuple[str, Any]]" = weakref.WeakKeyDictionary()
+_siblings: "weakref.WeakKeyDictionary[Any, tuple[str, Any, weakref.finalize]]" = weakref.WeakKeyDictionary()
 _sibling_failures: set[str] = set()
 
 
@@ -259,7 +259,7 @@ def _sibling_for(conn, search_path: str):
     with _cache_lock:
         got = _siblings.get(conn)
     if got is not None:
-        path, sib = got
+        path, sib, _ = got
         if path == search_path and not sib.closed and not sib.broken:
             return sib
         _drop_sibling(conn)
@@ -273,11 +273,10 @@ def _sibling_for(conn, search_path: str):
         if conn.info.dsn not in _sibling_failures:
             _sibling_failures.add(conn.info.dsn)
             log.warning("recall(): no second database connection (%s); the search channels run one after "
-                        "another", str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+                        "another", (str(exc).strip().splitlines() or [type(exc).__name__])[0])
         return None
     with _cache_lock:
-        _siblings[conn] = (search_path, sib)
-    weakref.finalize(conn, sib.close)
+        _siblings[conn] = (search_path, sib, weakref.finalize(conn, sib.close))
     return sib
 
 
@@ -291,10 +290,7 @@ def _drop_sibling(conn) -> None:
     with _cache_lock:
         got = _siblings.pop(conn, None)
     if got is not None:
-        try:
-            got[1].close()
-        except Exception:   # pragma: no cover - closing a dead connection
-            pass
+        got[2]()     # closes it now and forgets the close at the owner's end
 
 # Connections and embedders are cached per process: an agent's Python session pays the model load and the
 # database start once.
