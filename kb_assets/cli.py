@@ -573,8 +573,29 @@ def cmd_related(args) -> int:
         return run(args, cfg, conn)
 
 
+class _Version(argparse.Action):
+    """`kb --version`: the package's version and a digest of the installed code (an editable install's version
+    never changes; the digest says which code ran, e.g. in a benchmark's record). Computed only when asked."""
+
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, help="print kb's version and code digest, then exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib.metadata import PackageNotFoundError, version
+
+        from kb_assets.pipeline.source_state import code_version
+
+        try:
+            v = version("kb_assets")
+        except PackageNotFoundError:
+            v = "unknown"
+        print(f"kb {v} (code {code_version()})")     # stdout, as argparse's own version action
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kb", description="kb_assets: a knowledge layer for AI coding agents")
+    p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="verb", required=True)
 
     def add(name, fn, help_):

@@ -133,3 +133,14 @@ def test_edit_is_seen_and_status_goes_stale_until_indexed(indexed):
     assert 1 <= d["this_run"]["embeddings"]["chunks_embedded"] <= 2
     status = json.loads(_kb(root, "status", "--json").stdout)
     assert {s["source"]: s for s in status["sources"]}["decisions"]["fresh"] is True
+
+
+def test_version_names_the_package_and_the_code(tmp_path):
+    """`kb --version` (what a benchmark harness records): the package version and the digest of the installed
+    code, the same digest `kb index` compares to decide whether its code changed."""
+    from importlib.metadata import version
+
+    from kb_assets.pipeline.source_state import code_version
+
+    proc = _kb(tmp_path, "--version")
+    assert proc.stdout.strip() == f"kb {version('kb_assets')} (code {code_version()})"

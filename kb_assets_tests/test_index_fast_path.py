@@ -29,11 +29,11 @@ def _age(*paths: Path, seconds: float = 120) -> None:
         os.utime(p, (t, t))
 
 
-def _kb_index(cfg: Path, *extra: str, expect_rc: int = 0) -> tuple[dict, bool, str]:
+def _kb_index(cfg: Path | str, *extra: str, expect_rc: int = 0, cwd: Path | None = None) -> tuple[dict, bool, str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "KB_DB_LINGER": "0"}
     env.pop("KB_CONFIG", None)
     proc = subprocess.run([sys.executable, "-c", _RUN, "index", "--config", str(cfg), "--json", *extra],
-                          capture_output=True, text=True, env=env, timeout=900)
+                          capture_output=True, text=True, env=env, timeout=900, cwd=cwd)
     assert proc.returncode == expect_rc, proc.stdout[-3000:] + proc.stderr[-3000:]
     dagster = json.loads(next(line for line in proc.stderr.splitlines() if line.startswith("DAGSTER="))[8:])
     out = json.loads(proc.stdout) if proc.stdout.strip() else {}
@@ -194,3 +194,34 @@ def test_pending_work_is_never_recorded(tmp_path, db_url):
     (loaded.projections_path() / "index.dsl").unlink()
     out, _, _ = _kb_index(cfg)
     assert _ran(out) == {"notes": True} and (loaded.projections_path() / "index.dsl").is_file()
+
+
+def test_the_same_config_named_another_way_is_still_unchanged(tmp_path, db_url):
+    """One kb.yaml, named by its absolute path (a cron line), from its folder (a person) and through a symlink:
+    the same settings, so nothing changed is nothing changed. (Each name used to record itself, so alternating
+    them ran the whole Dagster job every time.)"""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.md").write_text(_doc("Note a", "note a keeps streams for thirty days"))
+    _age(notes / "a.md")
+    cfg = tmp_path / "kb.yaml"
+    cfg.write_text(json.dumps({"data_dir": "data", "database_url": db_url, "sources": [
+        {"key": "notes", "kind": "doc", "root": "notes", "include": ["*.md"]}]}))
+    (tmp_path / "elsewhere").mkdir()
+    link = tmp_path / "elsewhere" / "kb-link.yaml"
+    link.symlink_to(cfg)
+
+    first, dagster, _ = _kb_index(cfg)
+    assert _ran(first) == {"notes": True} and dagster
+    for named, cwd in (("kb.yaml", tmp_path), (cfg, None), (link, None), ("../kb.yaml", tmp_path / "elsewhere")):
+        out, dagster, err = _kb_index(named, cwd=cwd)
+        assert _ran(out) == {"notes": False}, (named, cwd, err[-2000:])
+        assert not dagster
+
+    # a change is still a change, whichever name runs it (a small one: without a Dagster run)
+    (notes / "a.md").write_text(_doc("Note a", "note a keeps streams for ninety days"))
+    _age(notes / "a.md", seconds=60)
+    out, dagster, _ = _kb_index("kb.yaml", cwd=tmp_path)
+    assert _runners(out) == {"notes": "direct"} and not dagster
+    out, _, _ = _kb_index(link)
+    assert _ran(out) == {"notes": False}

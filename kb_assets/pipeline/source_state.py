@@ -90,11 +90,21 @@ def code_version() -> str:
 
 
 def settings_digest(cfg: KbConfig, source: SourceConfig) -> str:
-    """The source's settings, its resolved root, and every setting outside `sources`."""
+    """The source's settings, its resolved root, every setting outside `sources`, and which config file they
+    came from, however it was named: `kb.yaml` from its folder, its absolute path and a symlink to it are the
+    same file (named differently, a nothing-changed pass used to run the whole job, and record the other name)."""
     glob = cfg.model_dump_json(exclude={"sources"})
     own = source.model_dump_json()
-    return hashlib.sha256(f"{glob}\0{own}\0{cfg.source_root(source)}\0{cfg.config_path}".encode(
+    return hashlib.sha256(f"{glob}\0{own}\0{cfg.source_root(source)}\0{_config_file(cfg)}".encode(
         "utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def _config_file(cfg: KbConfig) -> str:
+    """The config file's real path ("<default>" and other placeholders as they are) and its data folder's."""
+    path = str(cfg.config_path)
+    if not path.startswith("<"):
+        path = os.path.realpath(path)
+    return f"{path}\0{os.path.realpath(cfg.data_path())}"
 
 
 def _mtime_ns(sig: str) -> int | None:
