@@ -372,3 +372,54 @@ def test_recall_without_the_vector_index_is_exact_and_says_so(repo, db_url, conn
     assert [d.id for d in without.documents] == [d.id for d in with_index.documents]
     again = build_search_index(conn, emb.model, emb.dimension, index_changed=False)
     assert again.vector_index_built and spaces.has_vector_index(conn, table)
+
+
+def test_a_branch_switched_away_and_back_embeds_nothing_again(repo, db_url, conn):
+    """Pay once per (chunk hash, model), also across deletes: the vectors of a branch's files, checked out away
+    and back (or a deleted file restored by a revert), come back from recycled_vectors instead of the model;
+    the space itself keeps no orphans meanwhile (what the checks and the HNSW index see), and what was recycled
+    longer ago than RECYCLE_DAYS is dropped."""
+    from kb_assets.pipeline.embeddings import RECYCLE_DAYS
+
+    cfg = _cfg(repo, db_url, content="HEAD")
+    first = _index(cfg, conn, CountingEmbedder())
+    table = spaces.active_space(conn)[2]
+    vectors = {h: v for h, v in conn.execute(f'SELECT chunk_hash, embedding::text FROM "{table}"')}
+    main = _git(repo, "rev-parse", "--abbrev-ref", "HEAD").strip()
+
+    _git(repo, "checkout", "-q", "-b", "trim")
+    (repo / "docs/note-4.md").unlink()
+    (repo / "docs/note-5.md").unlink()
+    _commit(repo, "trim two notes")
+    away = _index(cfg, conn, CountingEmbedder())
+    assert away.documents.deleted == 2 and away.embeddings.chunks_embedded == 0
+    gone = conn.execute("SELECT count(*) FROM recycled_vectors WHERE space_table = %s", (table,)).fetchone()[0]
+    assert gone == away.embeddings.orphans_removed > 0
+    orphans = conn.execute(f'SELECT count(*) FROM "{table}" e WHERE NOT EXISTS '
+                           f'(SELECT 1 FROM chunks c WHERE c.chunk_hash = e.chunk_hash)').fetchone()[0]
+    assert orphans == 0
+
+    _git(repo, "checkout", "-q", main)
+    emb = CountingEmbedder()
+    back = _index(cfg, conn, emb)
+    assert back.documents.new == 2
+    assert emb.calls == 0 and back.embeddings.chunks_embedded == 0 and back.embeddings.restored == gone
+    assert back.embeddings.missing_after == 0
+    assert conn.execute("SELECT count(*) FROM recycled_vectors").fetchone()[0] == 0
+    assert {h: v for h, v in conn.execute(f'SELECT chunk_hash, embedding::text FROM "{table}"')} == vectors
+    assert first.embeddings.chunks_embedded == len(vectors)
+
+    # recycled longer ago than the retention: dropped at the next removal, and embedded again if it comes back
+    _git(repo, "checkout", "-q", "trim")
+    _index(cfg, conn, CountingEmbedder())
+    conn.execute("UPDATE recycled_vectors SET removed_at = now() - make_interval(days => %s)", (RECYCLE_DAYS + 1,))
+    conn.commit()
+    (repo / "docs/note-0.md").unlink()
+    _commit(repo, "trim one more")
+    _index(cfg, conn, CountingEmbedder())
+    left = {h for (h,) in conn.execute("SELECT chunk_hash FROM recycled_vectors")}    # note-0's only
+    assert left and left <= set(vectors)
+    _git(repo, "checkout", "-q", main)
+    emb = CountingEmbedder()
+    back = _index(cfg, conn, emb)
+    assert back.embeddings.restored == len(left) and back.embeddings.chunks_embedded == gone

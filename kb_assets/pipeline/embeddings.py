@@ -33,6 +33,7 @@ class EmbedStats:
     batches: int = 0
     tokens: int = 0
     reused: int = 0               # chunks of this source whose vector already existed
+    restored: int = 0             # vectors brought back from recycled_vectors (a revert, a branch switched back)
     missing_after: int = 0
     orphans_removed: int = 0
     vector_index_dropped: bool = False
@@ -158,6 +159,7 @@ def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, 
     started = time.perf_counter()
     table = spaces.ensure_space(conn, embedder.model, embedder.dimension)
     stats = EmbedStats(source=source_key, model=embedder.model, dimension=embedder.dimension)
+    stats.restored = restore_recycled(conn, table)      # before counting: what comes back is not missing
     missing = count_missing(conn, table, source_key)
     # any index of the space, also one a background build is writing (or left INVALID): each maintains per row
     if missing >= LARGE_LOAD_MIN and (spaces.vector_index_exists(conn, table)
@@ -199,6 +201,7 @@ def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, 
         nonlocal last_pass
         while True:
             last_pass = chunking_done.is_set()
+            stats.restored += restore_recycled(conn, table)     # chunks written meanwhile may have one
             rows = next_rows("")
             if rows or last_pass or (max_batches is not None and fetched >= max_batches):
                 return rows
@@ -282,12 +285,43 @@ def _write_batch(conn: psycopg.Connection, table: str, rows: list, result, dimen
             " ON CONFLICT (chunk_hash) DO NOTHING").format(t=sql.Identifier(table)))
 
 
+# A vector no chunk uses is kept this long in recycled_vectors (migration 015): a revert or a branch switched back
+# within it costs no model call.
+RECYCLE_DAYS = 30
+
+
 def remove_orphan_vectors(conn: psycopg.Connection) -> int:
-    """Delete vectors (in every space) whose chunk hash no chunk uses any more."""
+    """Move vectors (in every space) whose chunk hash no chunk uses any more to recycled_vectors, and drop
+    recycled ones older than RECYCLE_DAYS (or of a space that is gone). Returns how many left the spaces."""
     removed = 0
     for (table,) in conn.execute("SELECT table_name FROM embedding_spaces").fetchall():
-        with conn.transaction():
+        with conn.transaction():     # one statement: a kill leaves the vector in one table or the other
             removed += conn.execute(sql.SQL(
-                "DELETE FROM {t} e WHERE NOT EXISTS (SELECT 1 FROM chunks c WHERE c.chunk_hash = e.chunk_hash)"
-            ).format(t=sql.Identifier(table))).rowcount
+                "WITH gone AS (DELETE FROM {t} e WHERE NOT EXISTS"
+                " (SELECT 1 FROM chunks c WHERE c.chunk_hash = e.chunk_hash)"
+                " RETURNING chunk_hash, embedding, created_at)"
+                " INSERT INTO recycled_vectors (space_table, chunk_hash, embedding, created_at)"
+                " SELECT {name}, chunk_hash, embedding, created_at FROM gone"
+                " ON CONFLICT (space_table, chunk_hash) DO UPDATE SET embedding = EXCLUDED.embedding,"
+                " created_at = EXCLUDED.created_at, removed_at = now()"
+            ).format(t=sql.Identifier(table), name=sql.Literal(table))).rowcount
+    with conn.transaction():
+        conn.execute("DELETE FROM recycled_vectors r WHERE r.removed_at < now() - make_interval(days => %s)"
+                     " OR NOT EXISTS (SELECT 1 FROM embedding_spaces s WHERE s.table_name = r.space_table)",
+                     (RECYCLE_DAYS,))
     return removed
+
+
+def restore_recycled(conn: psycopg.Connection, table: str) -> int:
+    """Bring back the recycled vectors of `table` whose chunk hash a chunk uses again; returns how many."""
+    if conn.execute("SELECT NOT EXISTS (SELECT 1 FROM recycled_vectors WHERE space_table = %s)",
+                    (table,)).fetchone()[0]:
+        return 0
+    with conn.transaction():
+        return conn.execute(sql.SQL(
+            "WITH back AS (DELETE FROM recycled_vectors r WHERE r.space_table = {name}"
+            " AND EXISTS (SELECT 1 FROM chunks c WHERE c.chunk_hash = r.chunk_hash)"
+            " RETURNING chunk_hash, embedding, created_at)"
+            " INSERT INTO {t} (chunk_hash, embedding, created_at) SELECT chunk_hash, embedding, created_at FROM back"
+            " ON CONFLICT (chunk_hash) DO NOTHING"
+        ).format(t=sql.Identifier(table), name=sql.Literal(table))).rowcount
