@@ -17,6 +17,8 @@ _RUN = (
     "from kb_assets.cli import main\n"
     "rc = main(sys.argv[1:])\n"
     "print('DAGSTER=' + json.dumps('dagster' in sys.modules), file=sys.stderr)\n"
+    "print('HEAVY=' + json.dumps(sorted(m for m in ('numpy', 'tokenizers', 'torch', 'onnxruntime', 'detect_secrets')"
+    " if m in sys.modules)), file=sys.stderr)\n"
     "sys.exit(rc)\n")
 
 
@@ -203,7 +205,8 @@ def test_the_same_config_named_another_way_is_still_unchanged(tmp_path, db_url):
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "a.md").write_text(_doc("Note a", "note a keeps streams for thirty days"))
-    _age(notes / "a.md")
+    (notes / "b.md").write_text(_doc("Note b", "note b keeps replicas in three zones"))
+    _age(notes / "a.md", notes / "b.md")
     cfg = tmp_path / "kb.yaml"
     cfg.write_text(json.dumps({"data_dir": "data", "database_url": db_url, "sources": [
         {"key": "notes", "kind": "doc", "root": "notes", "include": ["*.md"]}]}))
@@ -225,3 +228,11 @@ def test_the_same_config_named_another_way_is_still_unchanged(tmp_path, db_url):
     assert _runners(out) == {"notes": "direct"} and not dagster
     out, _, _ = _kb_index(link)
     assert _ran(out) == {"notes": False}
+
+    # a delete handles no text and no vector: no model, no tokenizer, not even numpy is imported
+    (notes / "b.md").unlink()
+    out, dagster, err = _kb_index(cfg)
+    assert _runners(out) == {"notes": "direct"} and not dagster
+    assert {s["source"]: s for s in out["sources"]}["notes"]["this_run"]["documents"]["deleted"] == 1
+    heavy = json.loads(next(line for line in err.splitlines() if line.startswith("HEAVY="))[6:])
+    assert heavy == [], heavy

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np   # numpy is imported where vectors are handled: a pass with none (a delete, a rename) skips it
 
 
 class EmbeddingError(Exception):
@@ -44,11 +45,13 @@ class Embedder(Protocol):
 
 
 def empty_result(dimension: int) -> EmbedResult:
+    import numpy as np
     return EmbedResult(np.zeros((0, dimension), dtype=np.float32), 0)
 
 
 def as_matrix(vectors, n: int, dimension: int, who: str) -> np.ndarray:
     """Coerce provider output to float32 (n, dimension), or raise EmbeddingError naming the mismatch."""
+    import numpy as np
     arr = np.asarray(vectors, dtype=np.float32)
     if arr.ndim != 2 or arr.shape != (n, dimension):
         raise EmbeddingError(

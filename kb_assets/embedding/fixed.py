@@ -4,11 +4,12 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from typing import Callable
-
-import numpy as np
+from typing import TYPE_CHECKING, Callable
 
 from kb_assets.embedding.base import EmbedResult, empty_result
+
+if TYPE_CHECKING:
+    import numpy as np   # numpy is imported where vectors are handled: a pass with none (a delete, a rename) skips it
 
 FIXED_COST_MODEL = "fixed-cost-standin"
 
@@ -46,11 +47,13 @@ class FixedCostEmbedder:
         return self._counter.count_tokens(texts)
 
     def vector(self, text: str) -> np.ndarray:
+        import numpy as np
         seed = int.from_bytes(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:8], "little")
         v = np.random.default_rng(seed).standard_normal(self.dimension).astype(np.float32)
         return v / np.linalg.norm(v)
 
     def embed_documents(self, texts: list[str]) -> EmbedResult:
+        import numpy as np
         texts = list(texts)
         if not texts:
             return empty_result(self.dimension)

@@ -10,11 +10,12 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from kb_assets.embedding.base import EmbeddingError, EmbedResult, as_matrix, empty_result
+
+if TYPE_CHECKING:
+    import numpy as np   # numpy is imported where vectors are handled: a pass with none (a delete, a rename) skips it
 
 log = logging.getLogger(__name__)
 
@@ -305,6 +306,7 @@ class LocalEmbedder:
         return "numpy" if numpy_bert.supports(self.path) else "torch"
 
     def _encode_numpy(self, texts: list[str]) -> np.ndarray:
+        import numpy as np
         from kb_assets.embedding.numpy_bert import document_encoder_for
 
         encoder = document_encoder_for(self.path, len(texts))    # onnxruntime when installed and worth it

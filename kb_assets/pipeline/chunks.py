@@ -54,10 +54,13 @@ def first_load_ahead(conn: psycopg.Connection, source_key: str) -> bool:
     return never >= WARM_UP_MIN_DOCUMENTS and 2 * never >= active
 
 
-def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int,
+def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int | Callable[[], int],
                  count_tokens: Callable[[list[str]], list[int]] | None,
                  overlap_tokens: int = 32, progress: Progress = null_progress) -> ChunkStats:
     """Cut every active document of a source whose text changed since its chunks were cut, and swap them in.
+
+    `max_tokens` may be a function, called only when there is something to cut (a local model's window needs
+    its tokenizer loaded: a pass that cuts nothing, a delete, should not pay for that).
 
     Batches N+1, N+2 are cut (pure Python) in a worker thread while this thread swaps batch N in: the server's
     share of a swap (the generated tsvector and its GIN index) runs on the other core meanwhile.
@@ -74,6 +77,8 @@ def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int,
     # a small first batch: nothing runs beside its cut, the server starts on its swap sooner
     first = max(1, READ_BATCH // 10)
     batches = [todo[:first]] + [todo[i:i + READ_BATCH] for i in range(first, len(todo), READ_BATCH)] if todo else []
+    if todo and callable(max_tokens):
+        max_tokens = max_tokens()
 
     def read(ids: list[int]) -> list:
         # in document order: chunk ids (keyword search breaks ties on them) follow it, not the query plan

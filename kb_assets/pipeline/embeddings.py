@@ -12,14 +12,17 @@ import logging
 import threading
 import time
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
 import psycopg
 from psycopg import sql
 
 from kb_assets.pipeline import cancel
 from kb_assets.pipeline.progress import Progress, null_progress
 from kb_assets.store import spaces
+
+if TYPE_CHECKING:
+    import numpy as np   # numpy is imported where vectors are handled: a pass with none (a delete, a rename) skips it
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +105,7 @@ WRITE_BEFORE_NEXT_CALL = False
 def _embed_with_carry(embedder, rows: list, carry: dict[str, np.ndarray]):
     """embedder.embed_documents for the rows whose vector is not carried; the result covers every row (runs
     in the worker thread; it reads `carry`, only the stage's own thread writes it)."""
+    import numpy as np
     from kb_assets.embedding.base import EmbedResult
 
     todo = [i for i, (chunk_hash, _, _) in enumerate(rows) if chunk_hash not in carry]
@@ -120,6 +124,7 @@ def _embed_with_carry(embedder, rows: list, carry: dict[str, np.ndarray]):
 
 
 def _carry(carry: dict[str, np.ndarray], rows: list, result) -> None:
+    import numpy as np
     for (chunk_hash, _, _), vec in zip(rows, np.asarray(result.vectors, dtype=np.float32)):
         carry[chunk_hash] = vec
 
@@ -268,6 +273,7 @@ def _restore_index_after_failure(conn: psycopg.Connection, table: str) -> None:
 
 
 def _write_batch(conn: psycopg.Connection, table: str, rows: list, result, dimension: int) -> None:
+    import numpy as np
     vectors = np.asarray(result.vectors, dtype=np.float32)
     if vectors.shape != (len(rows), dimension):
         raise ValueError(f"embedder returned {vectors.shape}, expected ({len(rows)}, {dimension})")

@@ -19,8 +19,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 CHECK_NAME = "recall_regression_set"
 
 
@@ -52,6 +50,8 @@ class CachedQueryEmbedder:
     def embed_query(self, text: str) -> list[float]:
         vec = self._memo.get(text)
         if vec is None:
+            import numpy as np
+
             vec = [float(x) for x in np.asarray(self.inner.embed_query(text), dtype=np.float32)]
             self.embedded += 1
             self._memo[text] = self._new[text] = vec

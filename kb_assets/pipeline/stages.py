@@ -77,7 +77,7 @@ def chunks(key: str, embedder, run_stage: RunStage, progress: Progress = null_pr
         # of its own in another process would load it for nothing
         if warm and hasattr(embedder, "warm_up") and first_load:
             embedder.warm_up()
-        stats = chunk_source(conn, key, max_tokens=embedder.max_tokens, count_tokens=embedder.count_tokens,
+        stats = chunk_source(conn, key, max_tokens=lambda: embedder.max_tokens, count_tokens=embedder.count_tokens,
                              progress=progress)
         record_run(conn, key, "chunks", {"chunks": stats.as_metadata()})
         return stats
