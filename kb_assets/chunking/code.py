@@ -21,6 +21,7 @@ import threading
 from typing import Callable
 
 from kb_assets.chunking.core import Lines, Section
+from kb_assets.sources.python_ast import parse_python
 
 LINE_WINDOW = 60
 
@@ -156,7 +157,7 @@ def code_sections_from_defs(lines: Lines, defs: list[tuple[int, int, str, Callab
 # ----------------------------------------------------------------------------- Python
 def python_sections(text: str, lines: Lines) -> list[Section] | None:
     try:
-        tree = ast.parse(text)
+        tree = parse_python(text)
     except Exception:    # SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError
         return None
     defs = _py_defs(lines, tree.body, "", 0)

@@ -28,6 +28,7 @@ from typing import Any, Iterable
 
 from kb_assets.signposts.base import SignpostInput, SignpostResult
 from kb_assets.signposts.schema import SCHEMA_VERSION, CodeSignpost, DocumentSignpost
+from kb_assets.sources.python_ast import parse_python
 
 SUMMARY_CHARS = 300
 MAX_DECISIONS = 8
@@ -1512,8 +1513,8 @@ def _leading_comment(text: str) -> str:
 
 def _py_code(text: str) -> tuple[str, list[dict], list[str]]:
     try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
+        tree = parse_python(text)
+    except (SyntaxError, ValueError, RecursionError):
         return "", [], []
     purpose = _first_doc_line(ast.get_docstring(tree))
     funcs: list[dict] = []
