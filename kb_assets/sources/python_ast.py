@@ -3,9 +3,10 @@
 CPython 3.11 keeps the AST constructor's recursion depth in shared state: a thread switch in the middle of one
 parse (a garbage collection running a finalizer, another thread's parse) can make it raise
 `SystemError: AST constructor recursion depth mismatch` for valid code (python/cpython#106905, fixed in later
-releases). The code chunker and the extractive signposter parse Python side by side (the signposts stage runs
-beside the chunk stage), and a spurious failure there meant a failed signpost, or a file cut without its
-definitions. So every parse of ours takes one lock, and that error is retried once.
+releases). kb parses Python in more than one thread (the chunk stage's cut worker; the signposts stage, which
+runs beside the chunk stage in a Dagster step that materializes the chunks and signposts without the
+embeddings; a test suite's leftover threads), and a spurious failure meant a failed signpost (seen in CI) or a
+file cut without its definitions. So every parse of ours takes one lock, and that error is retried once.
 """
 from __future__ import annotations
 
