@@ -32,7 +32,7 @@ def _table(rows: list[dict], columns: list[str]) -> dg.MetadataValue:
 )
 def kb_documents(context: dg.AssetExecutionContext, kb: KbResource) -> dg.MaterializeResult:
     source = kb.config.source(context.partition_key)
-    stats, skipped = stages.documents(kb.config, source.key, kb.run_stage, current_progress())
+    stats, skipped = stages.documents(kb.config, source.key, kb.run_stage, current_progress(), embedder=kb.embedder)
     context.log.info(f"{source.key}: {stats.new} new, {stats.changed} changed, {stats.unchanged} unchanged, "
                      f"{stats.deleted} deleted, {stats.skipped} skipped")
     warnings = []
@@ -180,7 +180,8 @@ def kb_chunks_embeddings_and_signposts(context: dg.AssetExecutionContext, kb: Kb
 
     # the chunk stage here (its progress bar, its signal handling), the embedding stage beside it, following it;
     # the signposts beside the stage here, or after the chunk stage when the embedding stage follows it (with
-    # the cut and the model's load at once they compete for the interpreter: measured slower)
+    # the cut and the model's load at once they compete for the interpreter: measured slower); on a first load
+    # the keyword statistics follow here too, beside the model (stages.keyword_statistics_ahead)
     chunking = stages.ChunkingBeside() if {kb_chunks, kb_embeddings} <= selected else None
     here_jobs, besides = [], []
     if kb_chunks in selected:
@@ -198,6 +199,14 @@ def kb_chunks_embeddings_and_signposts(context: dg.AssetExecutionContext, kb: Kb
             besides.append((f"kb_signposts[{key}]", signposts))
         else:
             here_jobs.append(signposts)
+    if chunking is not None:
+        def keyword_statistics():      # a first load: the chunks are all in, the model is still at work
+            if chunking.follow:
+                ahead = stages.keyword_statistics_ahead(key, kb.run_stage)
+                if ahead is not None:
+                    context.log.info(f"{key}: keyword statistics refreshed beside the embedding stage "
+                                     f"({ahead.get('seconds', 0.0)} s)")
+        here_jobs.append(keyword_statistics)
 
     def here():
         for job in here_jobs:

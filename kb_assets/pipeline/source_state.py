@@ -167,6 +167,14 @@ def offer_listing(state: SourceState | None) -> None:
     _offered = state if state is not None and state.listing is not None else None
 
 
+def offered_files(source_key: str) -> int | None:
+    """How many files the listing offered for this source holds (None: none offered); it stays offered."""
+    state = _offered
+    if state is None or state.source != source_key:
+        return None
+    return len(state.listing.files)
+
+
 def take_listing(cfg: KbConfig, source: SourceConfig):
     """The offered listing of this source with these settings and root (once), or None: list it yourself."""
     global _offered

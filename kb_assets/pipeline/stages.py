@@ -28,13 +28,19 @@ def trace_as(asset_name: str, stage):
     return stage
 
 
-def documents(cfg: KbConfig, key: str, run_stage: RunStage, progress: Progress = null_progress):
-    """(DocumentStats, the 50 latest skipped files as (path, reason, detail))."""
+def documents(cfg: KbConfig, key: str, run_stage: RunStage, progress: Progress = null_progress, *,
+              embedder: Callable[[], Any] | None = None):
+    """(DocumentStats, the 50 latest skipped files as (path, reason, detail)).
+
+    `embedder`: how to get the run's embedder, when the run's later steps share this process (`kb index`): a
+    source seen for the first time, with many files listed, loads its model while this stage reads them."""
     from kb_assets.pipeline.documents import sync_documents
 
     source = cfg.source(key)
 
     def stage(conn):
+        if embedder is not None and steps_share_process():
+            _warm_up_for_a_new_source(conn, key, embedder)
         stats = sync_documents(conn, cfg, source, progress)
         record_run(conn, source.key, "documents", {"documents": stats.as_metadata()})
         skipped = conn.execute(
@@ -43,6 +49,24 @@ def documents(cfg: KbConfig, key: str, run_stage: RunStage, progress: Progress =
         return stats, skipped
 
     return run_stage(key, trace_as("kb_documents", stage))
+
+
+def _warm_up_for_a_new_source(conn, key: str, embedder: Callable[[], Any]) -> None:
+    """A first load starts the model's load here, not at the chunk stage: on 3,000 files the documents stage
+    reads for ~4 s, and the embedding stage, which follows the chunk stage's first commits, otherwise waits for
+    the load (docs/BENCHMARKS.md, "A first load's head and tail"). Only for a source with no document yet and at
+    least WARM_UP_MIN_DOCUMENTS files in the listing `kb index` offers (a small or a known source: no load)."""
+    from kb_assets.pipeline.chunks import WARM_UP_MIN_DOCUMENTS
+    from kb_assets.pipeline.source_state import offered_files
+
+    listed = offered_files(key)
+    if listed is None or listed < WARM_UP_MIN_DOCUMENTS:
+        return
+    if conn.execute("SELECT EXISTS (SELECT 1 FROM documents WHERE source_key = %s)", (key,)).fetchone()[0]:
+        return
+    model = embedder()
+    if hasattr(model, "warm_up"):
+        model.warm_up()
 
 
 class ChunkingBeside:
@@ -156,6 +180,22 @@ def search_index(key: str, embedder, run_stage: RunStage, progress: Progress = n
         record_run(conn, key, "search_index", {"search_index": {
             k: v for k, v in stats.as_metadata().items() if k != "query_stats"}})
         return stats
+
+    return run_stage(key, trace_as("kb_search_index", stage))
+
+
+def keyword_statistics_ahead(key: str, run_stage: RunStage) -> dict | None:
+    """On a first load into a database with no vector space in use yet: the search index's keyword statistics
+    refreshed as soon as the chunks are in, beside the embedding stage, rather than after it. The refresh is
+    exact and incremental (pipeline/query_stats.py), so the search-index stage then only adds what changed
+    since (nothing) and builds the document vectors: ~3 s of a 3,000-document first load's tail, after the last
+    vector, now runs beside the model (docs/BENCHMARKS.md, "A first load's head and tail"). None when a space
+    is in use: a refresh would then also average the vectors of documents still being embedded."""
+    from kb_assets.pipeline.query_stats import refresh_query_stats
+    from kb_assets.store.spaces import active_space
+
+    def stage(conn):
+        return None if active_space(conn) is not None else refresh_query_stats(conn)
 
     return run_stage(key, trace_as("kb_search_index", stage))
 
