@@ -194,7 +194,7 @@ def test_a_new_source_loads_its_model_while_its_documents_are_read_and_only_then
         source_state.offer_listing(source_state.source_fingerprint(cfg, cfg.source(key)))   # as `kb index` does
         monkeypatch.setattr(progress, "_steps_in_process", in_process)
         try:
-            stages.documents(cfg, key, run_stage, embedder=model)
+            stages.documents(cfg, key, run_stage, embedder_factory=model)
         finally:
             source_state.offer_listing(None)
 

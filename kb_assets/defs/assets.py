@@ -32,7 +32,8 @@ def _table(rows: list[dict], columns: list[str]) -> dg.MetadataValue:
 )
 def kb_documents(context: dg.AssetExecutionContext, kb: KbResource) -> dg.MaterializeResult:
     source = kb.config.source(context.partition_key)
-    stats, skipped = stages.documents(kb.config, source.key, kb.run_stage, current_progress(), embedder=kb.embedder)
+    stats, skipped = stages.documents(kb.config, source.key, kb.run_stage, current_progress(),
+                                      embedder_factory=kb.embedder)
     context.log.info(f"{source.key}: {stats.new} new, {stats.changed} changed, {stats.unchanged} unchanged, "
                      f"{stats.deleted} deleted, {stats.skipped} skipped")
     warnings = []

@@ -29,18 +29,18 @@ def trace_as(asset_name: str, stage):
 
 
 def documents(cfg: KbConfig, key: str, run_stage: RunStage, progress: Progress = null_progress, *,
-              embedder: Callable[[], Any] | None = None):
+              embedder_factory: Callable[[], Any] | None = None):
     """(DocumentStats, the 50 latest skipped files as (path, reason, detail)).
 
-    `embedder`: how to get the run's embedder, when the run's later steps share this process (`kb index`): a
+    `embedder_factory`: makes the run's embedder, when the run's later steps share this process (`kb index`): a
     source seen for the first time, with many files listed, loads its model while this stage reads them."""
     from kb_assets.pipeline.documents import sync_documents
 
     source = cfg.source(key)
 
     def stage(conn):
-        if embedder is not None and steps_share_process():
-            _warm_up_for_a_new_source(conn, key, embedder)
+        if embedder_factory is not None and steps_share_process():
+            _warm_up_for_a_new_source(conn, key, embedder_factory)
         stats = sync_documents(conn, cfg, source, progress)
         record_run(conn, source.key, "documents", {"documents": stats.as_metadata()})
         skipped = conn.execute(
@@ -51,7 +51,7 @@ def documents(cfg: KbConfig, key: str, run_stage: RunStage, progress: Progress =
     return run_stage(key, trace_as("kb_documents", stage))
 
 
-def _warm_up_for_a_new_source(conn, key: str, embedder: Callable[[], Any]) -> None:
+def _warm_up_for_a_new_source(conn, key: str, embedder_factory: Callable[[], Any]) -> None:
     """A first load starts the model's load here, not at the chunk stage: on 3,000 files the documents stage
     reads for ~4 s, and the embedding stage, which follows the chunk stage's first commits, otherwise waits for
     the load (docs/BENCHMARKS.md, "A first load's head and tail"). Only for a source with no document yet and at
@@ -64,7 +64,7 @@ def _warm_up_for_a_new_source(conn, key: str, embedder: Callable[[], Any]) -> No
         return
     if conn.execute("SELECT EXISTS (SELECT 1 FROM documents WHERE source_key = %s)", (key,)).fetchone()[0]:
         return
-    model = embedder()
+    model = embedder_factory()
     if hasattr(model, "warm_up"):
         model.warm_up()
 
