@@ -64,9 +64,9 @@ class CountingEmbedder(FixedCostEmbedder):
         super().__init__(cost_per_text=cost)
         self.calls = 0
 
-    def embed_documents(self, texts):
+    def embed_documents(self, texts, token_counts=None):
         self.calls += 1
-        return super().embed_documents(texts)
+        return super().embed_documents(texts, token_counts)
 
     def vector(self, text: str):
         if CountingEmbedder.centroids is None:
@@ -536,10 +536,10 @@ def cmd_model_child(args) -> None:
         calls = 0
         texts = 0
 
-        def embed_documents(self, texts):
+        def embed_documents(self, texts, token_counts=None):
             Counting.calls += 1
             Counting.texts += len(texts)
-            return super().embed_documents(texts)
+            return super().embed_documents(texts, token_counts)
 
     cfg = parse_config({"database_url": args.db_url, "sources": [source_dict(Path(args.corpus), args.content)]},
                        path="<bench>", base_dir=str(Path(args.corpus).parent))

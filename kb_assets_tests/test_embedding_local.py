@@ -90,6 +90,42 @@ def test_batch_size_setting_used(emb, monkeypatch):
     assert seen["batch_size"] == 7 and seen["normalize_embeddings"] is True
 
 
+def test_document_batches_reach_the_model_in_word_piece_order(emb, monkeypatch):
+    """sentence-transformers pads a batch to its longest text and orders a call by characters: texts with few
+    characters per word piece (numbers, code) then pad a batch of prose. Each batch is its own call, in word-piece
+    order; the vectors are those of one plain encode() call."""
+    prose = ["The deployment guide explains how the queue retries work after a failure of the worker. " * k
+             for k in range(1, 9)]
+    dense = ["0x1f 0x2e 0x3d 0x4c 0x5b 3.14159 2.71828 " * k for k in range(1, 9)]   # ~4x the pieces per char
+    texts = [t for pair in zip(prose * 5, dense * 5) for t in pair][:70]
+    model = local_mod.load_model(emb.path)
+    reference = model.encode(texts, batch_size=32, normalize_embeddings=True, convert_to_numpy=True)
+    calls = []
+    real = model.encode
+
+    def spy(sentences, *a, **k):
+        calls.append(list(sentences))
+        return real(sentences, *a, **k)
+
+    monkeypatch.setattr(model, "encode", spy)
+    counts = emb.count_tokens(texts)
+    batched = LocalEmbedder(LocalEmbedderSettings(batch_size=16))
+    monkeypatch.setattr(batched, "count_tokens", lambda _: pytest.fail("the counts were given: no counting"))
+    res = batched.embed_documents(texts, counts)
+    np.testing.assert_allclose(res.vectors, reference, atol=1e-5)
+    assert res.tokens == sum(min(n + 2, 256) for n in counts)
+    assert [len(c) for c in calls] == [16, 16, 16, 16, 6]
+    window = emb.max_tokens
+    seen = [min(counts[texts.index(t)], window) for call in calls for t in call]
+    assert seen == sorted(seen, reverse=True)
+    # the padding this saves, on these texts: each call pads to its longest
+    padded = sum(max(min(counts[texts.index(t)], window) for t in call) * len(call) for call in calls)
+    by_chars = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    padded_by_chars = sum(max(min(counts[i], window) for i in by_chars[s:s + 16]) * len(by_chars[s:s + 16])
+                          for s in range(0, len(texts), 16))
+    assert padded < 0.8 * padded_by_chars, (padded, padded_by_chars)
+
+
 def test_unknown_local_model_is_a_clear_error(tmp_path):
     with pytest.raises(EmbeddingError, match="neither 'all-MiniLM-L6-v2' nor a folder"):
         LocalEmbedder(LocalEmbedderSettings(model="bge-small-en"))

@@ -21,12 +21,14 @@ class CountingEmbedder(FixedCostEmbedder):
         super().__init__(cost_per_text=0.0, dimension=dimension)
         self.model = model
         self.texts: list[str] = []
+        self.token_counts: list[int | None] = []
         self.calls = 0
 
-    def embed_documents(self, texts):
+    def embed_documents(self, texts, token_counts=None):
         self.calls += 1
         self.texts.extend(texts)
-        return super().embed_documents(texts)
+        self.token_counts.extend(token_counts if token_counts is not None else [None] * len(texts))
+        return super().embed_documents(texts, token_counts)
 
 
 PARA = ("The ingestion service keeps a queue of work in PostgreSQL and takes batches with skip locked so that "
@@ -75,6 +77,8 @@ def test_full_then_unchanged_run_makes_no_embedding_call(repo, db_url, conn):
     assert run.documents.new == 6
     assert run.chunks.chunks_written > 6
     assert run.embeddings.chunks_embedded == len(set(emb.texts)) == len(emb.texts)
+    # each text comes with the chunk table's count of it (the local model orders its batches by them)
+    assert emb.token_counts == emb.count_tokens(emb.texts)
     assert run.embeddings.missing_after == 0 and run.search_index.activated and run.search_index.vector_index_built
     reasons = run.documents.skip_reasons
     assert reasons.get("too-small") == 1 and reasons.get("binary") == 1, reasons
@@ -162,10 +166,10 @@ def test_crash_inside_a_batch_keeps_committed_batches(repo, db_url, conn):
     chunk_source(conn, "docs", max_tokens=good.max_tokens, count_tokens=good.count_tokens)
 
     class Dies(CountingEmbedder):
-        def embed_documents(self, texts):
+        def embed_documents(self, texts, token_counts=None):
             if self.calls == 1:
                 raise ConnectionError("killed")
-            return super().embed_documents(texts)
+            return super().embed_documents(texts, token_counts)
 
     with pytest.raises(ConnectionError):
         run_embeddings_stage(conn, Dies(), "docs", batch_rows=8)     # calls of 4
@@ -190,11 +194,11 @@ def test_embedding_writes_overlap_the_next_model_call(repo, db_url, conn, monkey
     in_flight = threading.Event()
 
     class Slow(CountingEmbedder):
-        def embed_documents(self, texts):
+        def embed_documents(self, texts, token_counts=None):
             in_flight.set()
             try:
                 time.sleep(0.15)
-                return super().embed_documents(texts)
+                return super().embed_documents(texts, token_counts)
             finally:
                 in_flight.clear()
 

@@ -110,12 +110,12 @@ class _StopAfter(FixedCostEmbedder):
         super().__init__(0.0)
         self.calls, self.stop_at_call = 0, stop_at_call
 
-    def embed_documents(self, texts):
+    def embed_documents(self, texts, token_counts=None):
         self.calls += 1
         if self.calls == self.stop_at_call:
             cancel.request_stop("SIGTERM received")
             time.sleep(0.3)
-        return super().embed_documents(texts)
+        return super().embed_documents(texts, token_counts)
 
 
 def _chunks(conn, n: int) -> None:
@@ -157,7 +157,7 @@ class _DropsConnection(FixedCostEmbedder):
         super().__init__(0.0)
         self.admin_url, self.victim_pid, self.calls = admin_url, None, 0
 
-    def embed_documents(self, texts):
+    def embed_documents(self, texts, token_counts=None):
         self.calls += 1
         if self.calls == 1:
             with connect(self.admin_url) as admin:
@@ -165,7 +165,7 @@ class _DropsConnection(FixedCostEmbedder):
                 while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
                                     (self.victim_pid,)).fetchone():
                     time.sleep(0.05)
-        return super().embed_documents(texts)
+        return super().embed_documents(texts, token_counts)
 
 
 def test_vectors_computed_before_a_lost_connection_are_not_computed_again(db_url):
@@ -207,10 +207,10 @@ class _SeesCommitted(FixedCostEmbedder):
         super().__init__(0.0)
         self.other, self.table, self.committed_at_call = other, None, []
 
-    def embed_documents(self, texts):
+    def embed_documents(self, texts, token_counts=None):
         self.committed_at_call.append(
             self.other.execute(f'SELECT count(*) FROM "{self.table}"').fetchone()[0])
-        return super().embed_documents(texts)
+        return super().embed_documents(texts, token_counts)
 
 
 def test_model_work_not_yet_committed_never_exceeds_one_batch(db_url, monkeypatch):

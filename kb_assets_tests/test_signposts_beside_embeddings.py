@@ -171,11 +171,11 @@ import dagster as dg
 import kb_assets.embedding.fixed as fx
 _embed = fx.FixedCostEmbedder.embed_documents
 _calls = []
-def _failing(self, texts):
+def _failing(self, texts, token_counts=None):
     _calls.append(1)
     if len(_calls) > 2:
         raise dg.Failure("model failed on purpose", allow_retries=False)
-    return _embed(self, texts)
+    return _embed(self, texts, token_counts)
 fx.FixedCostEmbedder.embed_documents = _failing
 """
 

@@ -37,7 +37,9 @@ class Embedder(Protocol):
         """Cheap per-text token counts (never loads a model or opens a connection)."""
         ...
 
-    def embed_documents(self, texts: list[str]) -> EmbedResult:
+    def embed_documents(self, texts: list[str], token_counts: list[int] | None = None) -> EmbedResult:
+        """Vectors for `texts`, in order. `token_counts`: count_tokens(texts), when the caller has them already
+        (the chunk table keeps each chunk's): the embedder need not count again."""
         ...
 
     def embed_query(self, text: str) -> list[float]:

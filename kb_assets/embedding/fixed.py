@@ -52,7 +52,7 @@ class FixedCostEmbedder:
         v = np.random.default_rng(seed).standard_normal(self.dimension).astype(np.float32)
         return v / np.linalg.norm(v)
 
-    def embed_documents(self, texts: list[str]) -> EmbedResult:
+    def embed_documents(self, texts: list[str], token_counts: list[int] | None = None) -> EmbedResult:
         import numpy as np
         texts = list(texts)
         if not texts:
@@ -65,7 +65,7 @@ class FixedCostEmbedder:
                 os.close(fd)
         started = time.perf_counter()
         out = np.stack([self.vector(t) for t in texts])
-        tokens = sum(self.count_tokens(texts))
+        tokens = sum(token_counts if token_counts is not None else self.count_tokens(texts))
         self._pay(len(texts), started)
         self.texts_embedded += len(texts)
         return EmbedResult(out, tokens)

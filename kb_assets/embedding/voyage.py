@@ -185,12 +185,12 @@ class VoyageEmbedder:
     def count_tokens(self, texts: list[str]) -> list[int]:
         return [estimate_tokens(t) for t in texts]
 
-    def plan_batches(self, texts: list[str]) -> list[tuple[int, int]]:
+    def plan_batches(self, texts: list[str], token_counts: list[int] | None = None) -> list[tuple[int, int]]:
         """[start, end) ranges, in order, each within the text and (estimated) token caps."""
         s = self.settings
         batches: list[tuple[int, int]] = []
         start, tokens = 0, 0
-        for i, n in enumerate(self.count_tokens(texts)):
+        for i, n in enumerate(token_counts if token_counts is not None else self.count_tokens(texts)):
             if i > start and (i - start >= s.max_texts_per_request or tokens + n > s.max_tokens_per_request):
                 batches.append((start, i))
                 start, tokens = i, 0
@@ -199,7 +199,7 @@ class VoyageEmbedder:
             batches.append((start, len(texts)))
         return batches
 
-    def embed_documents(self, texts: list[str]) -> EmbedResult:
+    def embed_documents(self, texts: list[str], token_counts: list[int] | None = None) -> EmbedResult:
         import numpy as np
         texts = list(texts)
         if not texts:
@@ -207,7 +207,7 @@ class VoyageEmbedder:
         self._check_texts(texts)
         out = np.empty((len(texts), self.dimension), dtype=np.float32)
         total = 0
-        pending = list(reversed(self.plan_batches(texts)))
+        pending = list(reversed(self.plan_batches(texts, token_counts)))
         while pending:
             start, end = pending.pop()
             try:

@@ -54,7 +54,7 @@ def _missing_query(table: str, source_key: str | None, limit: int) -> sql.Compos
         scope = sql.SQL(" AND c.document_id IN (SELECT id FROM documents WHERE source_key = {s})").format(
             s=sql.Literal(source_key))
     return sql.SQL(
-        "SELECT DISTINCT ON (c.chunk_hash) c.chunk_hash, c.heading, c.text FROM chunks c"
+        "SELECT DISTINCT ON (c.chunk_hash) c.chunk_hash, c.heading, c.text, c.token_count FROM chunks c"
         " WHERE c.chunk_hash > %s"
         # the repeated bound lets the anti-join range-scan the vector table's key too
         " AND NOT EXISTS (SELECT 1 FROM {t} e WHERE e.chunk_hash = c.chunk_hash AND e.chunk_hash > %s){scope}"
@@ -83,7 +83,12 @@ LARGE_LOAD_FRACTION = 0.25
 
 
 def _texts(rows) -> list[str]:
-    return [f"{heading}\n{text}" if heading else text for _, heading, text in rows]
+    return [f"{heading}\n{text}" if heading else text for _, heading, text, _ in rows]
+
+
+def _token_counts(rows) -> list[int]:
+    """The chunker's count of each text above (heading included), kept in the chunk table."""
+    return [token_count for _, _, _, token_count in rows]
 
 
 # Vectors computed but not yet committed, per (model, dimension): chunk hash → vector. Filled as each model
@@ -108,16 +113,16 @@ def _embed_with_carry(embedder, rows: list, carry: dict[str, np.ndarray]):
     import numpy as np
     from kb_assets.embedding.base import EmbedResult
 
-    todo = [i for i, (chunk_hash, _, _) in enumerate(rows) if chunk_hash not in carry]
+    todo = [i for i, (chunk_hash, *_) in enumerate(rows) if chunk_hash not in carry]
     if len(todo) == len(rows):
-        return embedder.embed_documents(_texts(rows))
+        return embedder.embed_documents(_texts(rows), _token_counts(rows))
     vectors = np.zeros((len(rows), embedder.dimension), dtype=np.float32)
     tokens = 0
     if todo:
-        result = embedder.embed_documents(_texts([rows[i] for i in todo]))
+        result = embedder.embed_documents(_texts([rows[i] for i in todo]), _token_counts([rows[i] for i in todo]))
         vectors[todo] = np.asarray(result.vectors, dtype=np.float32).reshape(len(todo), embedder.dimension)
         tokens = int(getattr(result, "tokens", 0) or 0)
-    for i, (chunk_hash, _, _) in enumerate(rows):
+    for i, (chunk_hash, *_) in enumerate(rows):
         if chunk_hash in carry:
             vectors[i] = carry[chunk_hash]
     return EmbedResult(vectors, tokens)
@@ -125,7 +130,7 @@ def _embed_with_carry(embedder, rows: list, carry: dict[str, np.ndarray]):
 
 def _carry(carry: dict[str, np.ndarray], rows: list, result) -> None:
     import numpy as np
-    for (chunk_hash, _, _), vec in zip(rows, np.asarray(result.vectors, dtype=np.float32)):
+    for (chunk_hash, *_), vec in zip(rows, np.asarray(result.vectors, dtype=np.float32)):
         carry[chunk_hash] = vec
 
 
@@ -229,7 +234,7 @@ def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, 
             if following and not WRITE_BEFORE_NEXT_CALL:
                 call, in_flight = pool.submit(_embed_with_carry, embedder, following, carry), following
             _write_batch(conn, table, rows, result, embedder.dimension)
-            for chunk_hash, _, _ in rows:
+            for chunk_hash, *_ in rows:
                 carry.pop(chunk_hash, None)                     # committed: no longer ours to keep
             if following and WRITE_BEFORE_NEXT_CALL:
                 call, in_flight = pool.submit(_embed_with_carry, embedder, following, carry), following
@@ -284,7 +289,7 @@ def _write_batch(conn: psycopg.Connection, table: str, rows: list, result, dimen
                      " ON COMMIT DELETE ROWS")
         with conn.cursor().copy("COPY _vector_load (chunk_hash, embedding) FROM STDIN WITH (FORMAT BINARY)") as copy:
             copy.set_types(["text", "vector"])
-            for (chunk_hash, _, _), vec in zip(rows, vectors):
+            for (chunk_hash, *_), vec in zip(rows, vectors):
                 copy.write_row((chunk_hash, vec))
         conn.execute(sql.SQL(
             "INSERT INTO {t} (chunk_hash, embedding) SELECT chunk_hash, embedding FROM _vector_load"
