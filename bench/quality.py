@@ -74,7 +74,6 @@ INDEXING_CODE = ["kb_assets/sources", "kb_assets/chunking", "kb_assets/embedding
 # (vectors are content-addressed by chunk hash): a seed taken before such a change stays valid.
 DOCUMENT_EMBEDDING_CODE = [("kb_assets.models", "Chunk.embedding_text"), ("kb_assets.pipeline.embeddings", "_texts"),
                            ("kb_assets.embedding.base", "as_matrix"), ("kb_assets.embedding.local", "load_model"),
-                           ("kb_assets.embedding.local", "LocalEmbedder._encode"),
                            ("kb_assets.embedding.local", "LocalEmbedder._encode_in_length_order"),
                            ("kb_assets.embedding.local", "LocalEmbedder.embed_documents")]
 DOCUMENT_EMBEDDING_PACKAGES = ["sentence-transformers", "torch", "transformers"]

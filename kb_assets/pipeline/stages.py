@@ -64,9 +64,9 @@ def _warm_up_for_a_new_source(conn, key: str, embedder_factory: Callable[[], Any
         return
     if conn.execute("SELECT EXISTS (SELECT 1 FROM documents WHERE source_key = %s)", (key,)).fetchone()[0]:
         return
-    model = embedder_factory()
-    if hasattr(model, "warm_up"):
-        model.warm_up()
+    embedder = embedder_factory()
+    if hasattr(embedder, "warm_up"):      # the local model; a remote embedder has nothing to load
+        embedder.warm_up()
 
 
 class ChunkingBeside:
