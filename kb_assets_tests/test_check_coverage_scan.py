@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from psycopg import sql
+
 from kb_assets.config import parse_config
 from kb_assets.embedding import FixedCostEmbedder
 from kb_assets.pipeline import index_sources
+from kb_assets.pipeline.embeddings import count_missing, remove_orphan_vectors
 from kb_assets.store import checks, health, spaces
+from kb_assets.store.status import source_status
 
 PARA = "The queue keeps its work in PostgreSQL and takes batches with skip locked; retries back off. "
 
@@ -89,3 +93,61 @@ def test_one_shared_scan_reports_what_each_check_finds_alone(tmp_path: Path, db_
     assert damaged[0][2]["missing"] == 1
     assert damaged[1][2]["without_vector"] >= 1 and damaged[1][2]["without_keywords"] >= 1
     assert damaged[2][2]["orphan_chunks"] > 0 and damaged[2][2]["orphan_vectors"] == 1
+
+    # the small pass's other counts of the same anti-join (spaces.hashes_without_vector, index-only) against the
+    # queries they replaced, on the damaged index: the embedding stage's, pending_work's and `kb status`'s
+    for key in ("docs", "empty", None):
+        scope = "" if key is None else " AND c.document_id IN (SELECT id FROM documents WHERE source_key = %s)"
+        assert count_missing(conn, table, key) == conn.execute(
+            "SELECT count(DISTINCT c.chunk_hash) FROM chunks c"
+            f' WHERE NOT EXISTS (SELECT 1 FROM "{table}" e WHERE e.chunk_hash = c.chunk_hash){scope}',
+            () if key is None else (key,)).fetchone()[0]
+    for key in ("docs", "empty"):
+        assert spaces.chunks_without_vector(conn, table, key) == conn.execute(
+            "SELECT count(*), count(*) FILTER (WHERE NOT EXISTS"
+            f' (SELECT 1 FROM "{table}" e WHERE e.chunk_hash = c.chunk_hash))'
+            " FROM chunks c JOIN documents d ON d.id = c.document_id WHERE d.source_key = %s", (key,)).fetchone()
+    assert spaces.chunks_without_vector(conn, table, "docs")[1] >= 1
+    status = {s["source"]: s for s in source_status(conn)}
+    assert status["docs"]["embedded"] == conn.execute(
+        "SELECT count(*) FROM chunks c JOIN documents d ON d.id = c.document_id WHERE d.source_key = 'docs'"
+        f' AND EXISTS (SELECT 1 FROM "{table}" e WHERE e.chunk_hash = c.chunk_hash)').fetchone()[0]
+    # the vector of nothing moves to the recycled vectors, and nothing else does
+    kept = conn.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0]
+    assert remove_orphan_vectors(conn) == 1
+    assert conn.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0] == kept - 1
+    assert conn.execute("SELECT chunk_hash FROM recycled_vectors").fetchall() == [("f" * 64,)]
+
+
+def test_the_keyword_count_is_answered_by_the_partial_index(conn):
+    """Migration 016's partial index has the keyword check's condition word for word: the count of chunks keyword
+    search cannot find reads the index, not every chunk (health.chunk_coverage)."""
+    conn.execute("SET enable_seqscan = off")
+    plan = "\n".join(r[0] for r in conn.execute(
+        f"EXPLAIN SELECT c.document_id FROM chunks c WHERE {health._NO_KEYWORDS}"))
+    assert "chunks_without_keywords" in plan, plan
+
+
+def test_merge_anti_joins_sets_the_planner_back_as_it_was(conn):
+    """Hash joins are off only for the statements inside merge_anti_joins: after it, in or out of a caller's
+    transaction, the setting is what it was, and a failing statement inside leaves nothing behind either."""
+    import psycopg
+    import pytest
+
+    table = spaces.ensure_space(conn, "m", 3)
+    setting = "SELECT current_setting('enable_hashjoin')"
+    with spaces.merge_anti_joins(conn):
+        assert conn.execute(setting).fetchone()[0] == "off"
+        plan = "\n".join(r[0] for r in conn.execute(
+            sql.SQL("EXPLAIN SELECT count(*) FROM ({m}) m").format(m=spaces.hashes_without_vector(table))))
+        assert "Hash Anti Join" not in plan and "Hash Right Anti Join" not in plan, plan
+    assert conn.execute(setting).fetchone()[0] == "on"
+    with conn.transaction():
+        conn.execute("SET LOCAL enable_hashjoin = on")
+        with spaces.merge_anti_joins(conn):
+            assert conn.execute(setting).fetchone()[0] == "off"
+        assert conn.execute(setting).fetchone()[0] == "on"     # the caller's transaction goes on as it was
+    with pytest.raises(psycopg.errors.UndefinedTable):
+        with spaces.merge_anti_joins(conn):
+            conn.execute("SELECT count(*) FROM no_such_table")
+    assert conn.execute(setting).fetchone()[0] == "on"

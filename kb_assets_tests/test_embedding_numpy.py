@@ -91,12 +91,18 @@ def test_same_vectors_as_sentence_transformers(model_dir, runtime, onnx_cache):
         np.testing.assert_allclose(encoder.encode([texts[i]])[0], ours[i], atol=1e-5)
 
 
-def test_onnx_graph_is_cached_by_model_digest(model_dir, onnx_cache, tmp_path):
+def test_onnx_graph_is_cached_by_model_digest(model_dir, onnx_cache, tmp_path, monkeypatch):
     """Built once per model digest (no torch, nothing fetched), then reused; other weights, another file."""
     first = numpy_bert.cached_onnx_model(model_dir)
     assert isinstance(first, Path) and first.parent == onnx_cache and first.stat().st_size > 30_000_000
     mtime = first.stat().st_mtime_ns
     assert numpy_bert.cached_onnx_model(model_dir) == first and first.stat().st_mtime_ns == mtime
+    # the weights' digest is remembered by their stat: the next process finds the graph without hashing 90 MB
+    digests = json.loads((onnx_cache / numpy_bert.DIGESTS_FILE).read_text())
+    assert [d["digest"] for d in digests.values()] == [numpy_bert.model_digest(model_dir)]
+    with monkeypatch.context() as m:
+        m.setattr(numpy_bert, "model_digest", lambda _p: pytest.fail("the weights were hashed again"))
+        assert numpy_bert.cached_onnx_model(model_dir) == first
     other = tmp_path / "model"
     shutil.copytree(model_dir, other, ignore=shutil.ignore_patterns("model.safetensors"))
     (other / "model.safetensors").symlink_to(model_dir / "model.safetensors")
@@ -104,6 +110,9 @@ def test_onnx_graph_is_cached_by_model_digest(model_dir, onnx_cache, tmp_path):
     cfg["layer_norm_eps"] = 1e-6                         # a different model: a different digest
     (other / "config.json").write_text(json.dumps(cfg))
     assert numpy_bert.model_digest(other) != numpy_bert.model_digest(model_dir)
+    # a file written just now is not remembered (its next change could keep the same mtime): hashed every time
+    assert numpy_bert._known_digest(other, remember=True) == numpy_bert.model_digest(other)
+    assert len(json.loads((onnx_cache / numpy_bert.DIGESTS_FILE).read_text())) == 1
     assert numpy_bert.onnx_cache_dir() == onnx_cache
     assert sorted(p.name for p in onnx_cache.glob("*.onnx")) == [first.name]
 

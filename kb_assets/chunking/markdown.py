@@ -69,11 +69,20 @@ def block_structure_markdown_it(text: str) -> list[Block]:
     return out
 
 
-try:
-    from markdown_it.common.utils import mdTrim as _md_trim
-    from markdown_it.rules_block.html_block import HTML_SEQUENCES as _HTML_SEQUENCES
-except ImportError:        # another markdown-it-py layout: use the parser itself
-    _HTML_SEQUENCES = None
+_FROM_MARKDOWN_IT: list = []      # [mdTrim, HTML_SEQUENCES], or [None, None] for another markdown-it-py layout
+
+
+def _markdown_it_parts() -> list:
+    """markdown-it-py's trim and HTML-block patterns, imported on the first scan: importing markdown_it costs
+    ~13 ms, and a pass that scans no markdown (a delete, a rename) imports this module for its constants."""
+    if not _FROM_MARKDOWN_IT:
+        try:
+            from markdown_it.common.utils import mdTrim
+            from markdown_it.rules_block.html_block import HTML_SEQUENCES
+            _FROM_MARKDOWN_IT[:] = [mdTrim, HTML_SEQUENCES]
+        except ImportError:        # another markdown-it-py layout: use the parser itself
+            _FROM_MARKDOWN_IT[:] = [None, None]
+    return _FROM_MARKDOWN_IT
 
 _CRLF = re.compile(r"\r\n?")
 
@@ -102,7 +111,8 @@ def _block_scan(text: str) -> list[Block]:
     containers, so every block is at the top level and a block's extent depends on its own lines only). It
     follows markdown-it-py's rules line for line and reuses its HTML-block patterns, at ~1/10 of the parse's cost.
     kb_assets_tests/test_chunking_markdown_blocks.py holds it to markdown-it on corpora and random documents."""
-    if _HTML_SEQUENCES is None:
+    _md_trim, seqs = _markdown_it_parts()
+    if seqs is None:
         return block_structure_markdown_it(text)
     # markdown-it's normalize step: CR LF / CR become LF, NUL becomes U+FFFD
     if "\r" in text:
@@ -124,7 +134,6 @@ def _block_scan(text: str) -> list[Block]:
                 for ch in line[:ind[i]]:
                     col += 4 - col % 4 if ch == "\t" else 1
                 ind[i] = col
-    seqs = _HTML_SEQUENCES
     out: list[Block] = []
 
     def fence_open(i: int):

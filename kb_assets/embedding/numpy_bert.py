@@ -220,7 +220,8 @@ class _BertShape:
 
     def _words(self, ids: np.ndarray) -> np.ndarray:
         rows = self._word_rows
-        missing = [int(i) for i in np.unique(ids) if int(i) not in rows]
+        # a set, not np.unique: numpy 2 imports numpy.ma for it (~25 ms, the first call of every small pass)
+        missing = sorted(i for i in set(ids.ravel().tolist()) if i not in rows)
         if missing:
             table = self._file.get_slice(self._word_name)
             with _LOCK:
@@ -413,7 +414,7 @@ def build_onnx_graph(path: Path, *, fused_attention: bool = True) -> bytes:
 def cached_onnx_model(path: Path) -> Path | bytes:
     """The cached graph file for this model's digest, built (and written atomically) on first use; when the
     cache folder cannot be written, the graph's bytes."""
-    target = _graph_file(path)
+    target = _graph_file(path, remember=True)
     folder = target.parent
     if target.is_file():
         return target
@@ -429,8 +430,48 @@ def cached_onnx_model(path: Path) -> Path | bytes:
         return data
 
 
-def _graph_file(path: Path) -> Path:
-    return onnx_cache_dir() / f"{path.name}-{model_digest(path)[:24]}.onnx"
+def _graph_file(path: Path, *, remember: bool = False) -> Path:
+    return onnx_cache_dir() / f"{path.name}-{_known_digest(path, remember=remember)[:24]}.onnx"
+
+
+DIGESTS_FILE = "model-digests.json"
+RACY_SECONDS = 2.0       # a file changed this recently may change again within its mtime's resolution
+
+
+def _known_digest(path: Path, *, remember: bool = False) -> str:
+    """model_digest(path), remembered beside the graphs while the files' (size, mtime, inode) stay the same:
+    hashing the 90 MB of weights cost ~45 ms of CPU in every process that opens the graph (a small pass's
+    encoder warm-up), as git's index remembers a file's hash by its stat. Written only by the processes that
+    build or open the graph (`remember`); a file modified within RACY_SECONDS of the hash is hashed again next
+    time."""
+    import time
+
+    try:
+        stats = [(path / name).stat() for name in ("config.json", "model.safetensors")]
+    except OSError:
+        return model_digest(path)
+    key = f"v{ONNX_GRAPH_VERSION}:{path.resolve()}"
+    seen = [[s.st_size, s.st_mtime_ns, s.st_ino] for s in stats]
+    store = onnx_cache_dir() / DIGESTS_FILE
+    try:
+        known = json.loads(store.read_text(encoding="utf-8"))
+    except (OSError, ValueError):          # none yet, unreadable or torn: hashed again below
+        known = {}
+    known = known if isinstance(known, dict) else {}
+    entry = known.get(key)
+    if isinstance(entry, dict) and entry.get("stat") == seen and isinstance(entry.get("digest"), str):
+        return entry["digest"]
+    digest = model_digest(path)
+    if remember and time.time() - max(s.st_mtime for s in stats) > RACY_SECONDS:
+        known[key] = {"stat": seen, "digest": digest}
+        try:
+            store.parent.mkdir(parents=True, exist_ok=True)
+            tmp = store.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(known), encoding="utf-8")
+            os.replace(tmp, store)
+        except OSError:          # an optional saving: the next process hashes again
+            pass
+    return digest
 
 
 def _graph_wanted(path: Path) -> bool:

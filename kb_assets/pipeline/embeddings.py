@@ -63,15 +63,16 @@ def _missing_query(table: str, source_key: str | None, limit: int) -> sql.Compos
 
 
 def count_missing(conn: psycopg.Connection, table: str, source_key: str | None = None) -> int:
-    scope = sql.SQL("")
-    if source_key is not None:
-        scope = sql.SQL(" AND c.document_id IN (SELECT id FROM documents WHERE source_key = {s})").format(
-            s=sql.Literal(source_key))
-    q = sql.SQL(
-        "SELECT count(DISTINCT c.chunk_hash) FROM chunks c"
-        " WHERE NOT EXISTS (SELECT 1 FROM {t} e WHERE e.chunk_hash = c.chunk_hash){scope}"
-    ).format(t=sql.Identifier(table), scope=scope)
-    return conn.execute(q).fetchone()[0]
+    """Distinct chunk texts (of one source, or of every chunk) without a vector in `table`."""
+    missing = spaces.hashes_without_vector(table)
+    if source_key is None:
+        q = sql.SQL("WITH m AS MATERIALIZED ({m}) SELECT count(*) FROM m").format(m=missing)
+    else:   # the space's missing hashes first (index-only, usually none), then which of them the source uses
+        q = sql.SQL("WITH m AS MATERIALIZED ({m}) SELECT count(DISTINCT c.chunk_hash) FROM m"
+                    " JOIN chunks c ON c.chunk_hash = m.chunk_hash JOIN documents d ON d.id = c.document_id"
+                    " WHERE d.source_key = {s}").format(m=missing, s=sql.Literal(source_key))
+    with spaces.merge_anti_joins(conn):
+        return conn.execute(q).fetchone()[0]
 
 
 # A load this large into a space that already has its HNSW index drops the index first (the search-index
@@ -306,16 +307,21 @@ def remove_orphan_vectors(conn: psycopg.Connection) -> int:
     recycled ones older than RECYCLE_DAYS (or of a space that is gone). Returns how many left the spaces."""
     removed = 0
     for (table,) in conn.execute("SELECT table_name FROM embedding_spaces").fetchall():
-        with conn.transaction():     # one statement: a kill leaves the vector in one table or the other
+        # one statement: a kill leaves the vector in one table or the other. The orphans found index-only first
+        # (a DELETE with the anti-join inline read both heaps: PEPs 25 ms against 6 ms); the NOT EXISTS again so
+        # a row changed meanwhile is judged as it is then
+        with spaces.merge_anti_joins(conn):
             removed += conn.execute(sql.SQL(
-                "WITH gone AS (DELETE FROM {t} e WHERE NOT EXISTS"
+                "WITH orphan AS MATERIALIZED ({orphans}),"
+                " gone AS (DELETE FROM {t} e WHERE e.chunk_hash IN (SELECT chunk_hash FROM orphan) AND NOT EXISTS"
                 " (SELECT 1 FROM chunks c WHERE c.chunk_hash = e.chunk_hash)"
                 " RETURNING chunk_hash, embedding, created_at)"
                 " INSERT INTO recycled_vectors (space_table, chunk_hash, embedding, created_at)"
                 " SELECT {name}, chunk_hash, embedding, created_at FROM gone"
                 " ON CONFLICT (space_table, chunk_hash) DO UPDATE SET embedding = EXCLUDED.embedding,"
                 " created_at = EXCLUDED.created_at, removed_at = now()"
-            ).format(t=sql.Identifier(table), name=sql.Literal(table))).rowcount
+            ).format(t=sql.Identifier(table), name=sql.Literal(table),
+                     orphans=spaces.vectors_without_chunk(table))).rowcount
     with conn.transaction():
         conn.execute("DELETE FROM recycled_vectors r WHERE r.removed_at < now() - make_interval(days => %s)"
                      " OR NOT EXISTS (SELECT 1 FROM embedding_spaces s WHERE s.table_name = r.space_table)",

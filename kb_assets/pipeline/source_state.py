@@ -288,10 +288,7 @@ def pending_work(conn: psycopg.Connection, source_key: str) -> str | None:
             "SELECT EXISTS (SELECT 1 FROM chunks c JOIN documents d ON d.id = c.document_id"
             " WHERE d.source_key = %s)", (source_key,)).fetchone()[0]
         return "chunks and no active vector space" if has_chunks else None
-    missing = conn.execute(
-        f'SELECT count(*) FROM chunks c JOIN documents d ON d.id = c.document_id WHERE d.source_key = %s'
-        f' AND NOT EXISTS (SELECT 1 FROM "{active[2]}" e WHERE e.chunk_hash = c.chunk_hash)',
-        (source_key,)).fetchone()[0]
+    missing = spaces.chunks_without_vector(conn, active[2], source_key)[1]
     return f"{missing} chunks without a vector" if missing else None
 
 

@@ -67,11 +67,15 @@ def no_orphans(conn: psycopg.Connection, *, coverage: dict | None = None) -> Che
     stale_chunks = conn.execute(
         "SELECT count(*) FROM documents WHERE status = 'active' AND chunked_hash IS DISTINCT FROM content_hash"
     ).fetchone()[0]
+    from psycopg import sql
+
+    from kb_assets.store import spaces
+
     orphan_vectors = 0
     for (table,) in conn.execute("SELECT table_name FROM embedding_spaces").fetchall():
-        orphan_vectors += conn.execute(
-            f'SELECT count(*) FROM "{table}" e WHERE NOT EXISTS'
-            f' (SELECT 1 FROM chunks c WHERE c.chunk_hash = e.chunk_hash)').fetchone()[0]
+        with spaces.merge_anti_joins(conn):
+            orphan_vectors += conn.execute(sql.SQL("SELECT count(*) FROM ({orphans}) o").format(
+                orphans=spaces.vectors_without_chunk(table))).fetchone()[0]
     return CheckOutcome("no_orphans", "kb_chunks", orphan_chunks == 0 and orphan_vectors == 0, metadata={
         "orphan_chunks": orphan_chunks, "orphan_vectors": orphan_vectors,
         "documents_awaiting_chunking": stale_chunks})

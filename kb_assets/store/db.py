@@ -11,7 +11,6 @@ from importlib import resources
 from pathlib import Path
 
 import psycopg
-from pgvector.psycopg import register_vector
 from psycopg import sql
 
 from kb_assets.store.schema import (default_schema, intended_schema, move_from_public, schema_problem, search_path,
@@ -260,6 +259,28 @@ def connect(url: str, *, schema: str | None = None, register: bool = True, autoc
         except psycopg.ProgrammingError:
             pass  # the vector type does not exist before the first migration
     return conn
+
+
+def register_vector(conn: psycopg.Connection) -> None:
+    """pgvector's `vector` adapters on `conn`, from one catalog query.
+
+    pgvector's own register_vector looks up four types (vector, bit, halfvec, sparsevec), each in a transaction
+    of its own: 12 round trips per connection, ~190 of the ~300 statements of a small `kb index`
+    (docs/BENCHMARKS.md, "Small passes: one anti-join plan"). kb stores and reads only `vector`. Raises
+    psycopg.ProgrammingError when the type does not exist (before the first migration)."""
+    from pgvector.psycopg.vector import register_vector_info
+    from psycopg.types import TypeInfo
+
+    query = ("SELECT t.typname, t.oid, t.typarray, t.oid::regtype::text, t.typdelim FROM pg_type t"
+             " WHERE t.oid = to_regtype('vector')")
+    if conn.autocommit:
+        row = conn.execute(query).fetchone()
+    else:               # leave the connection as it was found, as TypeInfo.fetch does
+        with conn.transaction():
+            row = conn.execute(query).fetchone()
+    if row is None:
+        raise psycopg.ProgrammingError("vector type not found in the database")
+    register_vector_info(conn, TypeInfo(row[0], row[1], row[2], regtype=row[3], delimiter=row[4]))
 
 
 def _migrations() -> list[tuple[int, str, str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import psycopg
+from psycopg import sql
 
 from kb_assets.store import spaces
 
@@ -38,35 +39,53 @@ def drift(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig) -> dict
     return out
 
 
-# a chunk with words but an empty keyword vector: keyword search can never find it
+# a chunk with words but an empty keyword vector: keyword search can never find it. Migration 016's partial index
+# has this predicate (without the alias): keep the two the same, or the count below reads every chunk again.
 _NO_KEYWORDS = "c.tsv IS NULL OR (c.tsv = ''::tsvector AND c.text ~ '[[:alpha:]]{2}')"
 
 
 def chunk_coverage(conn: psycopg.Connection, table: str | None) -> dict:
-    """Every chunk against its document and its vector in `table` (None: no space yet), in one scan with hash
-    joins — what the checks every_chunk_embedded, vector_keyword_parity and no_orphans each counted with
-    their own scans (up to five, correlated, ~0.3 s each on 55K chunks; this is ~0.2 s in all):
+    """Every chunk against its document and its vector in `table` (None: no space yet), in one statement —
+    what the checks every_chunk_embedded, vector_keyword_parity and no_orphans each counted with their own
+    scans (up to five, correlated, ~0.3 s each on 55K chunks):
 
     {"table", "sources": {key: {"chunks", "without_vector", "without_keywords"}} over active documents,
      "orphan_chunks": chunks of no active document, "chunk_hashes" / "missing_hashes": distinct texts over
-     every chunk, and those without a vector}."""
-    vec = f'LEFT JOIN "{table}" e ON e.chunk_hash = c.chunk_hash' if table else \
-        "LEFT JOIN (SELECT NULL::text AS chunk_hash) e ON false"
+     every chunk, and those without a vector}.
+
+    No part reads the chunks' heap, where their text is: the counts per document come from the (document_id,
+    ordinal) key, index-only; the texts without a vector from the space's missing hashes (spaces.
+    hashes_without_vector: index-only, normally none); those without keywords from migration 016's partial index
+    (normally empty). One join over every chunk's row read the whole table instead: 21-31 ms on the PEPs' 26K
+    chunks, on every small pass (docs/BENCHMARKS.md, "Small passes: one anti-join plan")."""
+    missing = spaces.hashes_without_vector(table) if table else \
+        sql.SQL("SELECT DISTINCT chunk_hash FROM chunks")        # no space: no text has a vector
+    group = sql.SQL("SELECT d.source_key AS key, d.status = 'active' AS active, count(*) AS n FROM {rows}"
+                    " LEFT JOIN documents d ON d.id = c.document_id GROUP BY 1, 2")
+    with spaces.merge_anti_joins(conn):
+        rows = conn.execute(sql.SQL(
+            "WITH m AS MATERIALIZED ({missing}), all_chunks AS ({all}), without_vector AS ({nov}),"
+            " without_keywords AS ({nok}),"
+            " hashes AS (SELECT (SELECT count(DISTINCT chunk_hash) FROM chunks) AS n, (SELECT count(*) FROM m) AS missing)"
+            " SELECT a.key, a.active, a.n, COALESCE(v.n, 0), COALESCE(k.n, 0), h.n, h.missing FROM all_chunks a"
+            " LEFT JOIN without_vector v ON v.key IS NOT DISTINCT FROM a.key AND v.active IS NOT DISTINCT FROM a.active"
+            " LEFT JOIN without_keywords k ON k.key IS NOT DISTINCT FROM a.key AND k.active IS NOT DISTINCT FROM a.active"
+            " RIGHT JOIN hashes h ON true"
+        ).format(missing=missing, all=group.format(rows=sql.SQL("chunks c")),
+                 nov=group.format(rows=sql.SQL("m JOIN chunks c ON c.chunk_hash = m.chunk_hash")),
+                 nok=group.format(rows=sql.SQL("(SELECT document_id FROM chunks c WHERE {cond}) c").format(
+                     cond=sql.SQL(_NO_KEYWORDS))))).fetchall()
     sources: dict[str, dict] = {}
-    orphans = 0
-    for key, active, n, no_vec, no_kw in conn.execute(
-            "SELECT d.source_key, d.status = 'active', count(*), count(*) FILTER (WHERE e.chunk_hash IS NULL),"
-            f" count(*) FILTER (WHERE {_NO_KEYWORDS})"
-            f" FROM chunks c LEFT JOIN documents d ON d.id = c.document_id {vec} GROUP BY 1, 2"):
+    orphans = hashes = missing_hashes = 0
+    for key, active, n, no_vec, no_kw, hashes, missing_hashes in rows:
+        if n is None:           # no chunk at all: only the hash counts' row
+            continue
         if active:
             sources[key] = {"chunks": n, "without_vector": no_vec, "without_keywords": no_kw}
         else:
             orphans += n
-    hashes, missing = conn.execute(
-        "SELECT count(*), count(*) FILTER (WHERE e.chunk_hash IS NULL)"
-        f" FROM (SELECT DISTINCT chunk_hash FROM chunks) c {vec}").fetchone()
     return {"table": table, "sources": sources, "orphan_chunks": orphans, "chunk_hashes": hashes,
-            "missing_hashes": missing}
+            "missing_hashes": missing_hashes}
 
 
 def parity_from(coverage: dict, active: tuple | None, source_key: str) -> dict:

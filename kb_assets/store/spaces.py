@@ -6,6 +6,8 @@ the new space covers every active chunk.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 from psycopg import sql
@@ -21,6 +23,54 @@ _SLUG = re.compile(r"[^a-z0-9]+")
 # Queries search with hnsw.ef_search = their window (>= 40). An index built before keeps its settings.
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 40
+
+
+@contextmanager
+def merge_anti_joins(conn: psycopg.Connection) -> Iterator[None]:
+    """Hash joins off for the statements inside: the anti-joins of chunks and vectors by hash then run as merge
+    anti-joins of the two hash indexes, index-only.
+
+    PostgreSQL chose between that plan (~6 ms on the PEPs' 26K chunks) and a hash anti-join that reads the chunk
+    table's heap, text and keyword vectors included (15-33 ms), by its estimate of how much of each table is
+    all-visible, and the choice flipped between two runs of the same small pass (docs/BENCHMARKS.md, "Small
+    passes: one anti-join plan"). Merging two indexes in key order never needs the heaps but to check a tuple
+    on a page not yet vacuumed. The setting is local to a transaction (a savepoint inside a caller's) and set back
+    as it was once the statements have run; a statement that fails rolls it back with its transaction."""
+    with conn.transaction():
+        before = conn.execute("SELECT current_setting('enable_hashjoin'), set_config('enable_hashjoin', 'off', true)"
+                              ).fetchone()[0]
+        yield
+        conn.execute("SELECT set_config('enable_hashjoin', %s, true)", (before,))
+
+
+def hashes_without_vector(table: str) -> sql.Composed:
+    """The distinct chunk hashes that have no vector in space `table`: a query for a MATERIALIZED CTE, run inside
+    merge_anti_joins. Apart (a CTE of its own, reading only the hash of each side) it is a merge anti-join of the
+    two hash indexes; inline in a query that also joins documents (a per-source count) the planner took a hash
+    anti-join over both tables' heaps, and chunks hold their text: on the PEPs (26K chunks) 15-24 ms against 6 ms,
+    paid several times by every small pass (docs/BENCHMARKS.md, "Small passes: one anti-join plan")."""
+    return sql.SQL("SELECT DISTINCT c.chunk_hash FROM chunks c"
+                   " WHERE NOT EXISTS (SELECT 1 FROM {t} e WHERE e.chunk_hash = c.chunk_hash)"
+                   ).format(t=sql.Identifier(table))
+
+
+def vectors_without_chunk(table: str) -> sql.Composed:
+    """The hashes of space `table`'s vectors that no chunk uses any more (the same index-only anti-join the other
+    way round): a query for a MATERIALIZED CTE, run inside merge_anti_joins."""
+    return sql.SQL("SELECT e.chunk_hash FROM {t} e"
+                   " WHERE NOT EXISTS (SELECT 1 FROM chunks c WHERE c.chunk_hash = e.chunk_hash)"
+                   ).format(t=sql.Identifier(table))
+
+
+def chunks_without_vector(conn: psycopg.Connection, table: str, source_key: str) -> tuple[int, int]:
+    """(chunks of the source, those whose text has no vector in `table`), in one statement (one snapshot)."""
+    with merge_anti_joins(conn):
+        return conn.execute(sql.SQL(
+            "WITH m AS MATERIALIZED ({m})"
+            " SELECT (SELECT count(*) FROM chunks c JOIN documents d ON d.id = c.document_id WHERE d.source_key = %s),"
+            " (SELECT count(*) FROM m JOIN chunks c ON c.chunk_hash = m.chunk_hash"
+            " JOIN documents d ON d.id = c.document_id WHERE d.source_key = %s)"
+        ).format(m=hashes_without_vector(table)), (source_key, source_key)).fetchone()
 
 
 def doc_vector_table(space_table: str) -> str:

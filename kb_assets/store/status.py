@@ -49,15 +49,14 @@ def source_status(conn: psycopg.Connection, source_keys: list[str] | None = None
         counts = conn.execute(
             "SELECT count(*) FILTER (WHERE status = 'active'), count(*) FILTER (WHERE status = 'skipped')"
             " FROM documents WHERE source_key = %s", (key,)).fetchone()
-        chunks = conn.execute(
-            "SELECT count(*) FROM chunks c JOIN documents d ON d.id = c.document_id WHERE d.source_key = %s",
-            (key,)).fetchone()[0]
-        embedded = 0
         if table:
-            embedded = conn.execute(
-                f'SELECT count(*) FROM chunks c JOIN documents d ON d.id = c.document_id'
-                f' WHERE d.source_key = %s AND EXISTS (SELECT 1 FROM "{table}" e WHERE e.chunk_hash = c.chunk_hash)',
+            chunks, without = spaces.chunks_without_vector(conn, table, key)
+            embedded = chunks - without
+        else:
+            chunks = conn.execute(
+                "SELECT count(*) FROM chunks c JOIN documents d ON d.id = c.document_id WHERE d.source_key = %s",
                 (key,)).fetchone()[0]
+            embedded = 0
         signposted = conn.execute(
             "SELECT count(*) FROM signpost_state s JOIN documents d ON d.id = s.document_id"
             " WHERE d.source_key = %s AND d.status = 'active' AND s.content_hash = d.content_hash", (key,)
