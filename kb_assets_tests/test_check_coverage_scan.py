@@ -11,7 +11,8 @@ from psycopg import sql
 from kb_assets.config import parse_config
 from kb_assets.embedding import FixedCostEmbedder
 from kb_assets.pipeline import index_sources
-from kb_assets.pipeline.embeddings import count_missing, remove_orphan_vectors
+from kb_assets.pipeline.embeddings import (_few_missing_query, _missing_query, count_missing,
+                                          remove_orphan_vectors)
 from kb_assets.store import checks, health, spaces
 from kb_assets.store.status import source_status
 
@@ -102,6 +103,11 @@ def test_one_shared_scan_reports_what_each_check_finds_alone(tmp_path: Path, db_
             "SELECT count(DISTINCT c.chunk_hash) FROM chunks c"
             f' WHERE NOT EXISTS (SELECT 1 FROM "{table}" e WHERE e.chunk_hash = c.chunk_hash){scope}',
             () if key is None else (key,)).fetchone()[0]
+    for key, after in (("docs", ""), ("empty", ""), (None, ""), ("docs", one)):   # the embedding stage's rows
+        with spaces.merge_anti_joins(conn):
+            few = conn.execute(_few_missing_query(table, key, 100), (after, after)).fetchall()
+        assert few == conn.execute(_missing_query(table, key, 100), (after, after)).fetchall()
+        assert len(few) == (1 if key != "empty" and after < one else 0)
     for key in ("docs", "empty"):
         assert spaces.chunks_without_vector(conn, table, key) == conn.execute(
             "SELECT count(*), count(*) FILTER (WHERE NOT EXISTS"

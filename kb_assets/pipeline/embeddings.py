@@ -62,6 +62,23 @@ def _missing_query(table: str, source_key: str | None, limit: int) -> sql.Compos
     ).format(t=sql.Identifier(table), scope=scope, n=sql.Literal(limit))
 
 
+def _few_missing_query(table: str, source_key: str | None, limit: int) -> sql.Composed:
+    """_missing_query for a small change (all its missing hashes in one call, run inside spaces.merge_anti_joins):
+    the space's missing hashes after the bound first, index-only, then their chunks' texts. The keyset query's
+    anti-join reads the chunks' heap (text and all) by hash order instead: 9-47 ms against a few on the synthetic
+    corpus's 56K chunks, per call. Not for a large load: this form finds every missing hash before the limit."""
+    scope = sql.SQL("")
+    if source_key is not None:
+        scope = sql.SQL(" WHERE c.document_id IN (SELECT id FROM documents WHERE source_key = {s})").format(
+            s=sql.Literal(source_key))
+    return sql.SQL(
+        "WITH m AS MATERIALIZED (SELECT DISTINCT c.chunk_hash FROM chunks c WHERE c.chunk_hash > %s"
+        " AND NOT EXISTS (SELECT 1 FROM {t} e WHERE e.chunk_hash = c.chunk_hash AND e.chunk_hash > %s))"
+        " SELECT DISTINCT ON (c.chunk_hash) c.chunk_hash, c.heading, c.text, c.token_count"
+        " FROM m JOIN chunks c ON c.chunk_hash = m.chunk_hash{scope} ORDER BY c.chunk_hash LIMIT {n}"
+    ).format(t=sql.Identifier(table), scope=scope, n=sql.Literal(limit))
+
+
 def count_missing(conn: psycopg.Connection, table: str, source_key: str | None = None) -> int:
     """Distinct chunk texts (of one source, or of every chunk) without a vector in `table`."""
     missing = spaces.hashes_without_vector(table)
@@ -187,7 +204,8 @@ def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, 
     # the next run re-embeds; it never leaves a half-written batch. Saves a WAL flush per batch.
     conn.execute("SET synchronous_commit = off")
     call_rows = batch_rows if WRITE_BEFORE_NEXT_CALL else max(1, batch_rows // 2)
-    missing_query = _missing_query(table, source_key, call_rows)
+    few = not follow and missing <= call_rows      # a small change: one call takes every missing text
+    missing_query = (_few_missing_query if few else _missing_query)(table, source_key, call_rows)
 
     fetched = 0
     last_pass = False        # following: this pass began after the chunk stage had finished
@@ -200,7 +218,11 @@ def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, 
             return []
         finished = follow and chunking_done.is_set()
         # keyset pagination: batch N+1 can be read before batch N is written (its hashes are all greater)
-        rows = conn.execute(missing_query, (after, after)).fetchall()
+        if few:
+            with spaces.merge_anti_joins(conn):
+                rows = conn.execute(missing_query, (after, after)).fetchall()
+        else:
+            rows = conn.execute(missing_query, (after, after)).fetchall()
         if follow and not finished and len(rows) < call_rows:
             return []        # following: the pass ends here; its part batch waits for the next pass
         fetched += 1 if rows else 0
