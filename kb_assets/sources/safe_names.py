@@ -69,9 +69,11 @@ def safe_paths(paths: Iterable[str]) -> dict[str, str]:
     One redaction pass over all the paths joined by newlines (a listing has up to max_files paths; one
     pass costs about what one file's redaction does); paths holding a newline are redacted one by one.
     """
+    paths = list(paths)
+    if not paths:      # every listed path already known by its stored name (a delete): nothing to import either
+        return {}
     from kb_assets.sources.redaction import redact
 
-    paths = list(paths)
     escaped = [escape_surrogates(p) for p in paths]
     out = {p: e for p, e in zip(paths, escaped) if e != p}
     joinable = [(p, e) for p, e in zip(paths, escaped) if "\n" not in e]
