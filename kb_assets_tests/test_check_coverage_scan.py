@@ -11,8 +11,7 @@ from psycopg import sql
 from kb_assets.config import parse_config
 from kb_assets.embedding import FixedCostEmbedder
 from kb_assets.pipeline import index_sources
-from kb_assets.pipeline.embeddings import (_few_missing_query, _missing_query, count_missing,
-                                          remove_orphan_vectors)
+from kb_assets.pipeline.embeddings import _missing_query, count_missing, remove_orphan_vectors
 from kb_assets.store import checks, health, spaces
 from kb_assets.store.status import source_status
 
@@ -105,7 +104,7 @@ def test_one_shared_scan_reports_what_each_check_finds_alone(tmp_path: Path, db_
             () if key is None else (key,)).fetchone()[0]
     for key, after in (("docs", ""), ("empty", ""), (None, ""), ("docs", one)):   # the embedding stage's rows
         with spaces.merge_anti_joins(conn):
-            few = conn.execute(_few_missing_query(table, key, 100), (after, after)).fetchall()
+            few = conn.execute(_missing_query(table, key, 100, few=True), (after, after)).fetchall()
         assert few == conn.execute(_missing_query(table, key, 100), (after, after)).fetchall()
         assert len(few) == (1 if key != "empty" and after < one else 0)
     for key in ("docs", "empty"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
@@ -46,37 +47,31 @@ class EmbedStats:
         return asdict(self)
 
 
-def _missing_query(table: str, source_key: str | None, limit: int) -> sql.Composed:
-    """The next `limit` chunk hashes without a vector after a given hash (keyset pagination: each batch starts
-    where the last ended instead of rescanning from the start, which made a full run quadratic)."""
+def _missing_query(table: str, source_key: str | None, limit: int, *, few: bool = False) -> sql.Composed:
+    """The next `limit` chunk hashes without a vector after a given hash, with their texts (keyset pagination:
+    each batch starts where the last ended instead of rescanning from the start, which made a full run
+    quadratic). Parameters: the bound, twice.
+
+    `few`: a small change, all of whose missing texts one call takes; run inside spaces.merge_anti_joins. The
+    space's missing hashes after the bound come first, index-only, then their chunks' texts: the keyset form's
+    anti-join reads the chunks' heap (text and all) in hash order instead, 9-47 ms against a few on the synthetic
+    corpus's 56K chunks, per call. Not for a large load: that form finds every missing hash before the limit."""
+    # the repeated bound lets the anti-join range-scan the vector table's key too
+    without = sql.SQL("c.chunk_hash > %s AND NOT EXISTS (SELECT 1 FROM {t} e WHERE e.chunk_hash = c.chunk_hash"
+                      " AND e.chunk_hash > %s)").format(t=sql.Identifier(table))
+    rows = sql.SQL("SELECT DISTINCT ON (c.chunk_hash) c.chunk_hash, c.heading, c.text, c.token_count FROM ")
+    if few:
+        rows = sql.SQL("WITH m AS MATERIALIZED (SELECT DISTINCT c.chunk_hash FROM chunks c WHERE {without}) {rows}"
+                       "m JOIN chunks c ON c.chunk_hash = m.chunk_hash WHERE true").format(without=without,
+                                                                                           rows=rows)
+    else:
+        rows = sql.SQL("{rows}chunks c WHERE {without}").format(rows=rows, without=without)
     scope = sql.SQL("")
     if source_key is not None:
         scope = sql.SQL(" AND c.document_id IN (SELECT id FROM documents WHERE source_key = {s})").format(
             s=sql.Literal(source_key))
-    return sql.SQL(
-        "SELECT DISTINCT ON (c.chunk_hash) c.chunk_hash, c.heading, c.text, c.token_count FROM chunks c"
-        " WHERE c.chunk_hash > %s"
-        # the repeated bound lets the anti-join range-scan the vector table's key too
-        " AND NOT EXISTS (SELECT 1 FROM {t} e WHERE e.chunk_hash = c.chunk_hash AND e.chunk_hash > %s){scope}"
-        " ORDER BY c.chunk_hash LIMIT {n}"
-    ).format(t=sql.Identifier(table), scope=scope, n=sql.Literal(limit))
-
-
-def _few_missing_query(table: str, source_key: str | None, limit: int) -> sql.Composed:
-    """_missing_query for a small change (all its missing hashes in one call, run inside spaces.merge_anti_joins):
-    the space's missing hashes after the bound first, index-only, then their chunks' texts. The keyset query's
-    anti-join reads the chunks' heap (text and all) by hash order instead: 9-47 ms against a few on the synthetic
-    corpus's 56K chunks, per call. Not for a large load: this form finds every missing hash before the limit."""
-    scope = sql.SQL("")
-    if source_key is not None:
-        scope = sql.SQL(" WHERE c.document_id IN (SELECT id FROM documents WHERE source_key = {s})").format(
-            s=sql.Literal(source_key))
-    return sql.SQL(
-        "WITH m AS MATERIALIZED (SELECT DISTINCT c.chunk_hash FROM chunks c WHERE c.chunk_hash > %s"
-        " AND NOT EXISTS (SELECT 1 FROM {t} e WHERE e.chunk_hash = c.chunk_hash AND e.chunk_hash > %s))"
-        " SELECT DISTINCT ON (c.chunk_hash) c.chunk_hash, c.heading, c.text, c.token_count"
-        " FROM m JOIN chunks c ON c.chunk_hash = m.chunk_hash{scope} ORDER BY c.chunk_hash LIMIT {n}"
-    ).format(t=sql.Identifier(table), scope=scope, n=sql.Literal(limit))
+    return sql.SQL("{rows}{scope} ORDER BY c.chunk_hash LIMIT {n}").format(rows=rows, scope=scope,
+                                                                         n=sql.Literal(limit))
 
 
 def count_missing(conn: psycopg.Connection, table: str, source_key: str | None = None) -> int:
@@ -205,7 +200,7 @@ def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, 
     conn.execute("SET synchronous_commit = off")
     call_rows = batch_rows if WRITE_BEFORE_NEXT_CALL else max(1, batch_rows // 2)
     few = not follow and missing <= call_rows      # a small change: one call takes every missing text
-    missing_query = (_few_missing_query if few else _missing_query)(table, source_key, call_rows)
+    missing_query = _missing_query(table, source_key, call_rows, few=few)
 
     fetched = 0
     last_pass = False        # following: this pass began after the chunk stage had finished
@@ -218,10 +213,7 @@ def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, 
             return []
         finished = follow and chunking_done.is_set()
         # keyset pagination: batch N+1 can be read before batch N is written (its hashes are all greater)
-        if few:
-            with spaces.merge_anti_joins(conn):
-                rows = conn.execute(missing_query, (after, after)).fetchall()
-        else:
+        with spaces.merge_anti_joins(conn) if few else nullcontext():
             rows = conn.execute(missing_query, (after, after)).fetchall()
         if follow and not finished and len(rows) < call_rows:
             return []        # following: the pass ends here; its part batch waits for the next pass

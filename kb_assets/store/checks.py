@@ -58,6 +58,10 @@ def every_chunk_embedded(conn: psycopg.Connection, model: str, dimension: int, *
 
 
 def no_orphans(conn: psycopg.Connection, *, coverage: dict | None = None) -> CheckOutcome:
+    from psycopg import sql
+
+    from kb_assets.store import spaces
+
     if coverage is not None:
         orphan_chunks = coverage["orphan_chunks"]
     else:
@@ -67,10 +71,6 @@ def no_orphans(conn: psycopg.Connection, *, coverage: dict | None = None) -> Che
     stale_chunks = conn.execute(
         "SELECT count(*) FROM documents WHERE status = 'active' AND chunked_hash IS DISTINCT FROM content_hash"
     ).fetchone()[0]
-    from psycopg import sql
-
-    from kb_assets.store import spaces
-
     orphan_vectors = 0
     for (table,) in conn.execute("SELECT table_name FROM embedding_spaces").fetchall():
         with spaces.merge_anti_joins(conn):
