@@ -19,6 +19,7 @@ import psycopg
 from kb_assets.models import SourceDocument
 from kb_assets.pipeline import cancel
 from kb_assets.pipeline.progress import Progress, null_progress
+from kb_assets.store import spaces
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,8 @@ def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int |
     finally:
         pool.shutdown(wait=True, cancel_futures=True)   # on an error, batches not started are dropped
     progress.done()
+    if stats.chunks_written >= spaces.BULK_WRITE_ROWS:      # a first load: what the next passes read, settled
+        spaces.settle_after_bulk_write(conn, "chunks")
     stats.chunks_total = conn.execute(
         "SELECT count(*) FROM chunks c JOIN documents d ON d.id = c.document_id WHERE d.source_key = %s",
         (source_key,)).fetchone()[0]

@@ -276,6 +276,8 @@ def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, 
         if not conn.closed and not conn.broken:
             conn.execute("SET synchronous_commit = on")
     carry.clear()             # every batch fetched was written: anything left belongs to no chunk now
+    if stats.chunks_embedded >= spaces.BULK_WRITE_ROWS:     # a large load: what the next passes read, settled
+        spaces.settle_after_bulk_write(conn, table)
     # nothing was missing and the chunk stage had finished (this source's lock excludes other writers): none is
     # now; else count (a scan of every chunk, ~0.1 s on 55K)
     stats.missing_after = 0 if not follow and not missing else count_missing(conn, table, source_key)

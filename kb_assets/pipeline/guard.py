@@ -19,9 +19,11 @@ _config_refusals: list[BaseException] = []
 
 def run_stage(cfg, source_key: str | None, fn: Callable[..., T], *, lock: bool = True,
               on_wait: Callable[[str], None] | None = None) -> T:
-    """fn(conn) with a fresh connection (and the source's lock when `lock` and a source is given)."""
+    """fn(conn) on a connection of its own (handed on from a previous stage when sound: store/idle_connections.py;
+    fresh after a failure), with the source's lock when `lock` and a source is given."""
     from kb_assets.config import ConfigError
-    from kb_assets.store.db import cfg_retry_seconds, connect, database_origin, open_database_once
+    from kb_assets.store.db import cfg_retry_seconds, database_origin, open_database_once
+    from kb_assets.store.idle_connections import stage_connection
     from kb_assets.store.locks import source_lock
     from kb_assets.store.retry import DatabaseUnreachable, retry_call
 
@@ -30,7 +32,7 @@ def run_stage(cfg, source_key: str | None, fn: Callable[..., T], *, lock: bool =
         url = open_database_once(cfg)
         held = source_lock(url, source_key, on_wait=on_wait, check=cancel.check) if lock and source_key \
             else nullcontext()
-        with held, connect(url) as conn:
+        with held, stage_connection(url) as conn:      # the previous stage's, if it is still sound
             return fn(conn)
 
     stage = getattr(fn, "__qualname__", "stage").split(".")[0]

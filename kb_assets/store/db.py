@@ -125,6 +125,9 @@ def release_embedded(data_dir: Path | None = None, *, exiting: bool = False) -> 
     """Let go of this process's embedded-server handles now (a hard exit skips atexit): the server stops
     if no other live process holds it. `data_dir`: only the server under that kb data folder."""
     global _released
+    from kb_assets.store.idle_connections import close_kept
+
+    close_kept()            # the stages' kept connections go first: the server may stop now
     only = str((data_dir / "pg").resolve()) if data_dir is not None else None
     with _servers_lock:
         _released = _released or exiting
