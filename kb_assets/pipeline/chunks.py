@@ -57,7 +57,8 @@ def first_load_ahead(conn: psycopg.Connection, source_key: str) -> bool:
 
 def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int | Callable[[], int],
                  count_tokens: Callable[[list[str]], list[int]] | None,
-                 overlap_tokens: int = 32, progress: Progress = null_progress) -> ChunkStats:
+                 overlap_tokens: int = 32, progress: Progress = null_progress,
+                 on_cut: OnCut | None = None) -> ChunkStats:
     """Cut every active document of a source whose text changed since its chunks were cut, and swap them in.
 
     `max_tokens` may be a function, called only when there is something to cut (a local model's window needs
@@ -66,6 +67,9 @@ def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int |
     Batches N+1, N+2 are cut (pure Python) in a worker thread while this thread swaps batch N in: the server's
     share of a swap (the generated tsvector and its GIN index) runs on the other core meanwhile.
     Only this thread touches the connection; each batch's swap is one short transaction of its own.
+
+    `on_cut(conn, chunks)`: called with each batch's chunks once cut, before they are stored (a small pass
+    starts embedding the new ones there: embeddings.encode_ahead).
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -91,7 +95,7 @@ def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int |
 
     def cut(rows: list) -> _Batch:
         return _cut_batch(rows, max_tokens=max_tokens, overlap_tokens=overlap_tokens, count_tokens=count_tokens,
-                          encoding=encoding)
+                          encoding=encoding, keep_texts=on_cut is not None)
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-chunk")
     try:
@@ -109,6 +113,8 @@ def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int |
                 ids = next(queue, None)
                 if ids is not None:
                     pending.append((pool.submit(cut, read(ids)), len(ids)))
+                if on_cut is not None and batch.texts:
+                    on_cut(conn, batch.texts)
                 _store(conn, batch, stats)                   # overlaps the cutting of the next batches
                 progress.advance(n)
     finally:
@@ -152,6 +158,13 @@ def _prompt_gil_handoffs(interval: float = 0.0005):
 class _Batch:
     cut: list[tuple[int, str, int, bytes]]      # (document id, content hash it was cut from, chunks, COPY rows)
     errors: list[tuple[int, str, str]]          # (document id, path, "Error: message")
+    # (chunk hash, heading, text, token count) of every chunk cut, for `on_cut` (None when nobody asked)
+    texts: list[tuple[str, str, str, int]] | None = None
+
+
+# What chunk_source hands `on_cut`, batch by batch, before it stores them: the chunk stage's connection and
+# the batch's chunks as (chunk hash, heading, text, token count)
+OnCut = Callable[[psycopg.Connection, list[tuple[str, str, str, int]]], None]
 
 
 # COPY's text format, escaped as psycopg's write_row escapes it (backslash first)
@@ -167,13 +180,14 @@ def _copy_field(value: str) -> str:
 
 
 def _cut_batch(rows: list, *, max_tokens: int, overlap_tokens: int,
-               count_tokens: Callable[[list[str]], list[int]] | None, encoding: str) -> _Batch:
+               count_tokens: Callable[[list[str]], list[int]] | None, encoding: str,
+               keep_texts: bool = False) -> _Batch:
     """Chunk a batch of document rows (no database access: runs in the worker thread). Each document's chunks
     become its COPY rows, already encoded: the thread that holds the connection only sends them, in a few large
     writes instead of a write per row (each write may wait for that thread's turn at the GIL)."""
     from kb_assets.chunking import chunk_document
 
-    out = _Batch([], [])
+    out = _Batch([], [], [] if keep_texts else None)
     for i, (doc_id, path, kind, title, text, meta, content_hash, blocks) in enumerate(rows):
         rows[i] = None                      # the text is not kept once cut (batches wait in a queue)
         doc = SourceDocument(path=path, kind=kind, title=title, text=text or "", meta=meta or {})
@@ -189,6 +203,8 @@ def _cut_batch(rows: list, *, max_tokens: int, overlap_tokens: int,
             out.errors.append((doc_id, path, f"{type(exc).__name__}: {exc}"[:500]))
             continue
         out.cut.append((doc_id, content_hash, len(chunks), encoded))
+        if out.texts is not None:
+            out.texts.extend((c.chunk_hash, c.heading, c.text, c.token_count) for c in chunks)
     return out
 
 

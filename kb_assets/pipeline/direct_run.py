@@ -122,7 +122,8 @@ def run_source(cfg: KbConfig, key: str, *, progress: Progress = null_progress) -
     # loads while the chunk stage cuts them
     if (docs.changed or docs.new > docs.deleted) and hasattr(embedder, "warm_up_small_job"):
         embedder.warm_up_small_job()
-    out.assets["kb_chunks"] = stages.chunks(key, embedder, run_stage, progress).as_metadata()
+    # and the new chunks' texts go to it as soon as they are cut (the embedding stage takes their vectors)
+    out.assets["kb_chunks"] = stages.chunks(key, embedder, run_stage, progress, encode_ahead=True).as_metadata()
     source = [cfg.source(key)]
 
     def scans() -> list[CheckOutcome]:        # the checks that scan every chunk: one scan for the three

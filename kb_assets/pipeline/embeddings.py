@@ -23,6 +23,8 @@ from kb_assets.pipeline.progress import Progress, null_progress
 from kb_assets.store import spaces
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     import numpy as np   # numpy is imported where vectors are handled: a pass with none (a delete, a rename) skips it
 
 log = logging.getLogger(__name__)
@@ -158,6 +160,87 @@ def _keep_call_in_flight(call, rows: list, carry: dict[str, np.ndarray]) -> None
         pass
 
 
+# Vectors being computed ahead of the embedding stage, per (model, dimension): a small pass's chunk stage hands
+# the texts of the chunks it cuts to the embedder at once (encode_ahead), and the embedding stage that follows
+# in this process takes the vectors instead of calling the model on those texts. Each future gives
+# ({chunk hash: vector}, tokens).
+_ahead: dict[tuple[str, int], list[Future]] = {}
+_ahead_texts: dict[tuple[str, int], int] = {}
+_ahead_lock = threading.Lock()
+# At most this many texts are encoded ahead per stage: a small change's. A larger one is the embedding stage's
+# to batch (for the local model, past 64 texts in one call it takes torch: embedding/local.py).
+AHEAD_MAX_TEXTS = 64
+
+
+def encode_ahead(conn: psycopg.Connection, embedder, chunks: list[tuple[str, str, str, int]]) -> int:
+    """Start embedding, in a thread of its own, those of `chunks` (chunk hash, heading, text, token count) whose
+    hash has no vector in the embedder's space, nor a recycled one to come back; returns how many.
+
+    Why: in a small pass the model's work on the new chunks (~0.4 s for 30 changed files on two cores) waited
+    for the chunk stage to store them, for the embedding stage to find them missing; started here it overlaps
+    the chunks' storing and the stage's own start (docs/BENCHMARKS.md, "Encoding ahead"). A text whose vector
+    is not used (its document's swap failed) is dropped with the stage's carry. A failure here only means the
+    stage embeds those texts itself."""
+    table = spaces.space_table(conn, embedder.model, embedder.dimension)
+    if table is None or not chunks:
+        return 0
+    hashes = list({h for h, *_ in chunks})
+    have = {r[0] for r in conn.execute(sql.SQL(
+        "SELECT chunk_hash FROM {t} WHERE chunk_hash = ANY(%s) UNION ALL SELECT chunk_hash FROM recycled_vectors"
+        " WHERE space_table = {name} AND chunk_hash = ANY(%s)").format(t=sql.Identifier(table),
+                                                                       name=sql.Literal(table)), (hashes, hashes))}
+    todo, seen = [], set(have)
+    for row in chunks:
+        if row[0] not in seen:
+            seen.add(row[0])
+            todo.append(row)
+    key = (embedder.model, embedder.dimension)
+    with _ahead_lock:
+        if not todo or _ahead_texts.get(key, 0) + len(todo) > AHEAD_MAX_TEXTS:
+            return 0
+        _ahead_texts[key] = _ahead_texts.get(key, 0) + len(todo)
+    from concurrent.futures import Future
+
+    future: Future = Future()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            import numpy as np
+
+            result = embedder.embed_documents(_texts(todo), _token_counts(todo))
+            vectors = np.asarray(result.vectors, dtype=np.float32).reshape(len(todo), embedder.dimension)
+            future.set_result(({h: v for (h, *_), v in zip(todo, vectors)}, int(getattr(result, "tokens", 0) or 0)))
+        except BaseException as exc:      # noqa: BLE001 - the stage reads it and embeds the texts itself
+            future.set_exception(exc)
+
+    with _ahead_lock:
+        _ahead.setdefault(key, []).append(future)
+    threading.Thread(target=run, name="kb-encode-ahead", daemon=True).start()
+    return len(todo)
+
+
+def _take_ahead(embedder, carry: dict[str, np.ndarray]) -> int:
+    """Wait for the vectors encoded ahead for this embedder's space and add them to the stage's carry; returns
+    the tokens they cost."""
+    with _ahead_lock:
+        futures = _ahead.pop((embedder.model, embedder.dimension), [])
+        _ahead_texts.pop((embedder.model, embedder.dimension), None)
+    tokens = 0
+    for future in futures:
+        try:
+            vectors, used = cancel.wait(future)
+        except cancel.Cancelled:
+            raise
+        except Exception as exc:   # noqa: BLE001 - the model is called on these texts below, as without it
+            log.warning("encoding ahead failed (%s): the embedding stage embeds those texts itself", exc)
+            continue
+        carry.update(vectors)
+        tokens += used
+    return tokens
+
+
 # While following the chunk stage: how long to wait before looking again for a full batch
 FOLLOW_POLL = 0.25
 
@@ -234,6 +317,7 @@ def embed_source(conn: psycopg.Connection, embedder, *, source_key: str | None, 
             chunking_done.wait(FOLLOW_POLL)     # woken at once when the chunk stage ends
 
     carry = _uncommitted.setdefault((embedder.model, embedder.dimension), {})
+    stats.tokens += _take_ahead(embedder, carry)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-embed")
     cancelled = False
     call, in_flight = None, []

@@ -84,10 +84,12 @@ class ChunkingBeside:
 
 
 def chunks(key: str, embedder, run_stage: RunStage, progress: Progress = null_progress, *,
-           warm_up: bool | None = None, beside: ChunkingBeside | None = None):
+           warm_up: bool | None = None, beside: ChunkingBeside | None = None, encode_ahead: bool = False):
     """`warm_up`: load the model while this stage cuts, on a first load (the embedding stage runs in this process
     next or beside); None: when the run's steps share this process (`kb index`). `beside`: an embedding stage
-    runs beside this one (embeddings(..., beside=)); told whether to follow, and when this stage ends."""
+    runs beside this one (embeddings(..., beside=)); told whether to follow, and when this stage ends.
+    `encode_ahead`: the new chunks' texts go to the embedder as soon as they are cut, while this stage stores
+    them; the embedding stage, next in this process, takes their vectors (embeddings.encode_ahead)."""
     from kb_assets.pipeline.chunks import chunk_source, first_load_ahead
 
     warm = steps_share_process() if warm_up is None else warm_up
@@ -101,8 +103,14 @@ def chunks(key: str, embedder, run_stage: RunStage, progress: Progress = null_pr
         # of its own in another process would load it for nothing
         if warm and hasattr(embedder, "warm_up") and first_load:
             embedder.warm_up()
+        on_cut = None
+        if encode_ahead:
+            from kb_assets.pipeline.embeddings import encode_ahead as start
+
+            def on_cut(conn, chunks):
+                start(conn, embedder, chunks)
         stats = chunk_source(conn, key, max_tokens=lambda: embedder.max_tokens, count_tokens=embedder.count_tokens,
-                             progress=progress)
+                             progress=progress, on_cut=on_cut)
         record_run(conn, key, "chunks", {"chunks": stats.as_metadata()})
         return stats
 
