@@ -200,10 +200,17 @@ def encode_ahead(conn: psycopg.Connection, embedder, chunks: list[tuple[str, str
             return 0
         _ahead_texts[key] = _ahead_texts.get(key, 0) + len(todo)
     from concurrent.futures import Future
+    from concurrent.futures import wait as wait_futures
 
     future: Future = Future()
+    with _ahead_lock:
+        queued = _ahead.setdefault(key, [])
+        before = queued[-1] if queued else None
+        queued.append(future)
 
     def run() -> None:
+        if before is not None:     # one call at a time, in order: two at once held both calls' activations and
+            wait_futures([before])  # shared two cores among four threads
         if not future.set_running_or_notify_cancel():
             return
         try:
@@ -215,8 +222,6 @@ def encode_ahead(conn: psycopg.Connection, embedder, chunks: list[tuple[str, str
         except BaseException as exc:      # noqa: BLE001 - the stage reads it and embeds the texts itself
             future.set_exception(exc)
 
-    with _ahead_lock:
-        _ahead.setdefault(key, []).append(future)
     threading.Thread(target=run, name="kb-encode-ahead", daemon=True).start()
     return len(todo)
 
