@@ -120,7 +120,7 @@ def run_regression_check(cfg, embedder, *, k: int = 3, force: bool = False) -> d
     from kb_assets.config import SourceConfig
     from kb_assets.pipeline import index_sources
     from kb_assets.query.regression import load_queries, run_regression, source_config
-    from kb_assets.signposts.extractive import ExtractiveSignposter
+    from kb_assets.signposts.extractive_signposter import ExtractiveSignposter
     from kb_assets.store.db import connect, open_database
     from kb_assets.store.locks import source_lock
     from kb_assets.store.schema import regression_schema

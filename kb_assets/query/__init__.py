@@ -4,14 +4,40 @@
     print(recall(["celery restart", "bid pipeline"]).render_text())
 
 Importing this package loads neither dagster, torch, sentence-transformers, numpy nor pandas; psycopg and the
-configuration load on the first call, the embedding model on the first vector query.
+configuration load on the first call, the embedding model on the first vector query. Its names load on first
+use (PEP 562): a module that needs one helper of the package (the projections' `query.records.first_prose`)
+does not import the query engine with it.
 """
-from kb_assets.query.engine import (
-    DEFAULT_TUNING, MODES, QueryError, RecallResult, Tuning, make_id, parse_id, recall, render_show, show,
-)
-from kb_assets.query.inputs import QueryInputError
-from kb_assets.query.records import Record, estimate_tokens
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+_HOMES = {
+    "recall": "engine", "show": "engine", "RecallResult": "engine", "QueryError": "engine", "make_id": "engine",
+    "parse_id": "engine", "render_show": "engine", "MODES": "engine", "Tuning": "engine",
+    "DEFAULT_TUNING": "engine", "QueryInputError": "inputs", "Record": "records", "estimate_tokens": "records",
+}
 
 __all__ = ["recall", "show", "RecallResult", "Record", "QueryError", "make_id", "parse_id", "render_show",
            "estimate_tokens", "MODES", "Tuning", "DEFAULT_TUNING", "QueryInputError"]
 
+if TYPE_CHECKING:
+    from kb_assets.query.engine import (
+        DEFAULT_TUNING, MODES, QueryError, RecallResult, Tuning, make_id, parse_id, recall, render_show, show,
+    )
+    from kb_assets.query.inputs import QueryInputError
+    from kb_assets.query.records import Record, estimate_tokens
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'kb_assets.query' has no attribute {name!r}")
+    value = getattr(import_module(f"kb_assets.query.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

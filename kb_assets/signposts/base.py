@@ -74,6 +74,6 @@ def make_signposter(cfg) -> Signposter:
         from kb_assets.signposts.gemini import GeminiSignposter
 
         return GeminiSignposter(cfg.gemini, gemini_api_key())
-    from kb_assets.signposts.extractive import ExtractiveSignposter
+    from kb_assets.signposts.extractive_signposter import ExtractiveSignposter
 
     return ExtractiveSignposter()

@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import ast
 import re
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import PurePosixPath
 from typing import Any, Iterable
 
-from kb_assets.signposts.base import SignpostInput, SignpostResult
-from kb_assets.signposts.schema import SCHEMA_VERSION, CodeSignpost, DocumentSignpost
+from kb_assets.signposts.base import SignpostInput
 from kb_assets.sources.python_ast import parse_python
 
 SUMMARY_CHARS = 300
@@ -37,31 +35,9 @@ MAX_ARTIFACTS = 30
 MAX_WORK_TYPES = 5
 
 
-# Bump when the heuristics change: extractive signposts are then regenerated (cheaply) on the next run, without
-# touching LLM signposts. The schema version is part of it.
-ALGORITHM_VERSION = 4     # 2: rationales are reasons (issue 13 §4), artifacts are file paths, no CTE tables;
-#                           3: markdown headings from the index's one heading parser (HTML blocks, indented ATX),
-#                              reST titles from the chunker's adornment parser (a simple-table border is no title)
-#                           4: the chunker's shape decision (work items, markdown-looking notes read as markdown;
-#                              reST headings are its titles only), the reST title rules docutils agrees with
-
-
-class ExtractiveSignposter:
-    generator = "extractive"
-    model = ""
-    # Python work, no waiting: a large run generates in a process of its own (pipeline/signposts.py)
-    cpu_bound = True
-
-    def __init__(self) -> None:
-        self.prompt_version = f"extractive-{ALGORITHM_VERSION}.s{SCHEMA_VERSION}"
-
-    def generate(self, doc: SignpostInput) -> SignpostResult:
-        t0 = time.perf_counter()
-        if doc.kind == "code":
-            payload = CodeSignpost.model_validate(extract_code(doc)).model_dump()
-        else:
-            payload = DocumentSignpost.model_validate(extract_document(doc)).model_dump()
-        return SignpostResult(payload=payload, seconds=time.perf_counter() - t0, model_used="", calls=0)
+# The signposter's class and its version live apart, in a module that imports none of the heuristics below
+# (a pass with nothing to signpost needs only its name and version): re-exported here, their home before.
+from kb_assets.signposts.extractive_signposter import ALGORITHM_VERSION, ExtractiveSignposter  # noqa: E402,F401
 
 
 # ================================================================================================ text helpers

@@ -9,7 +9,7 @@ extractive generator fills them too, so the query layer sees one shape per kind 
 
 SCHEMA_VERSION changes when the shape changes (stored with each signpost). PROMPT_VERSION changes when the LLM
 instructions change; it is part of an LLM signpost's identity, so bumping it regenerates every LLM signpost. Bump
-it together with SCHEMA_VERSION. (The extractive generator versions itself: extractive.ALGORITHM_VERSION.)
+it together with SCHEMA_VERSION. (The extractive generator versions itself: extractive_signposter.ALGORITHM_VERSION.)
 """
 from __future__ import annotations
 
