@@ -281,3 +281,17 @@ def test_git_file_dates_one_log(repo):
     assert "src/app.py" not in dates
     sub = git_file_dates(repo / "docs")
     assert set(sub) == {"a.md", "b.md", "c.md"}
+
+
+def test_a_path_through_a_symlinked_folder_resolves_as_realpath_does(tmp_path):
+    """Each folder is resolved once (_Collector._realpath): a file reached through a symlinked folder is still
+    judged by where it really is, outside the root or inside it."""
+    outside = write(tmp_path / "secret.md", BODY)
+    root = tmp_path / "tree"
+    write(root / "real" / "deep" / "ok.md", BODY)
+    os.symlink(str(tmp_path), root / "up")                   # a folder outside the root
+    os.symlink("real", root / "inner")                       # a folder inside it
+    listing = list_paths(root, src(root), ["up/secret.md", "inner/deep/ok.md", "real/deep/ok.md"])
+    assert [e.path for e in listing.files] == ["inner/deep/ok.md", "real/deep/ok.md"]
+    assert {s.path: s.reason for s in listing.skips} == {"up/secret.md": "symlink-outside-root"}
+    assert outside.exists()
