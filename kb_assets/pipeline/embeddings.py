@@ -178,9 +178,9 @@ def encode_ahead(conn: psycopg.Connection, embedder, chunks: list[tuple[str, str
 
     Why: in a small pass the model's work on the new chunks (~0.4 s for 30 changed files on two cores) waited
     for the chunk stage to store them, for the embedding stage to find them missing; started here it overlaps
-    the chunks' storing and the stage's own start (docs/BENCHMARKS.md, "Encoding ahead"). A text whose vector
-    is not used (its document's swap failed) is dropped with the stage's carry. A failure here only means the
-    stage embeds those texts itself."""
+    the chunks' storing and the stage's own start (docs/BENCHMARKS.md, "Small passes: connections handed on"). A
+    text whose vector is not used (its document's swap failed) is dropped with the stage's carry. A failure here
+    only means the stage embeds those texts itself."""
     table = spaces.space_table(conn, embedder.model, embedder.dimension)
     if table is None or not chunks:
         return 0

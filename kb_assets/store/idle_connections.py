@@ -2,7 +2,7 @@
 
 Why: a small `kb index` runs some twenty stages and checks, each on a connection of its own, and opening one
 (start-up of a backend, authentication, the search path, the vector type) took ~1.7 ms of a delete pass of
-~0.45 s (docs/BENCHMARKS.md, "Stages hand their connections on").
+~0.45 s (docs/BENCHMARKS.md, "Small passes: connections handed on").
 
 What makes a connection fit to be handed on: it is open, not broken, in autocommit, with no transaction left
 open; the stages' own session settings (`SET synchronous_commit`) are set back by the stage that sets them.
