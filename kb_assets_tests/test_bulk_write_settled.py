@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kb_assets.config import parse_config
 from kb_assets.embedding import FixedCostEmbedder
 from kb_assets.pipeline import index_sources
 from kb_assets.store import spaces
 from kb_assets.store.db import connect
 
-PARA = "The queue keeps its work in PostgreSQL and takes batches with skip locked; retries back off. "
+from corpus_support import notes_source
 
 
 def _vacuums(conn, table: str) -> tuple[int, int]:
@@ -31,14 +30,7 @@ def _all_visible(conn, table: str) -> bool:
 def test_a_bulk_write_leaves_chunks_and_vectors_vacuumed_a_small_one_does_not(tmp_path: Path, db_url, conn,
                                                                               monkeypatch):
     monkeypatch.setattr(spaces, "BULK_WRITE_ROWS", 12)       # the corpus below writes 20 chunks
-    root = tmp_path / "docs"
-    root.mkdir()
-    for i in range(5):
-        (root / f"note-{i}.md").write_text(f"# Note {i}\n\n" + "\n\n".join(
-            f"## Part {j}\n\n{PARA * 3} Topic {i}-{j}." for j in range(4)), encoding="utf-8")
-    cfg = parse_config({"database_url": db_url, "sources": [
-        {"key": "docs", "kind": "doc", "root": str(root), "include": ["*.md"]}]},
-        path=str(tmp_path / "kb.yaml"), base_dir=str(tmp_path))
+    cfg, root = notes_source(tmp_path, db_url, notes=5, parts=4)
     embedder = FixedCostEmbedder(cost_per_text=0.0)
     run = index_sources(cfg, conn, embedder=embedder)["docs"]
     table = spaces.space_table(conn, embedder.model, embedder.dimension)

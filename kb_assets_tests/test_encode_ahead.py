@@ -14,13 +14,11 @@ import numpy as np
 import pytest
 from psycopg import sql
 
-from kb_assets.config import parse_config
 from kb_assets.embedding import FixedCostEmbedder
 from kb_assets.pipeline import embeddings, guard, index_sources, stages
 from kb_assets.store import idle_connections, spaces
 
-PARA = "The queue keeps its work in PostgreSQL and takes batches with skip locked; retries back off. "
-
+from corpus_support import notes_source
 
 class Spy(FixedCostEmbedder):
     """Records each call's thread and texts; `fail_ahead`: the calls made ahead raise."""
@@ -46,14 +44,7 @@ class Spy(FixedCostEmbedder):
 
 @pytest.fixture
 def corpus(tmp_path: Path, db_url, conn):
-    root = tmp_path / "docs"
-    root.mkdir()
-    for i in range(6):
-        (root / f"note-{i}.md").write_text(f"# Note {i}\n\n" + "\n\n".join(
-            f"## Part {j}\n\n{PARA * 3} Topic {i}-{j}." for j in range(3)), encoding="utf-8")
-    cfg = parse_config({"database_url": db_url, "sources": [
-        {"key": "docs", "kind": "doc", "root": str(root), "include": ["*.md"]}]},
-        path=str(tmp_path / "kb.yaml"), base_dir=str(tmp_path))
+    cfg, root = notes_source(tmp_path, db_url, notes=6, parts=3)
     index_sources(cfg, conn, embedder=FixedCostEmbedder(cost_per_text=0.0))
     idle_connections.close_kept()
     yield cfg, root

@@ -194,16 +194,15 @@ def encode_ahead(conn: psycopg.Connection, embedder, chunks: list[tuple[str, str
         if row[0] not in seen:
             seen.add(row[0])
             todo.append(row)
+    from concurrent.futures import Future
+    from concurrent.futures import wait as wait_futures
+
     key = (embedder.model, embedder.dimension)
+    future: Future = Future()
     with _ahead_lock:
         if not todo or _ahead_texts.get(key, 0) + len(todo) > AHEAD_MAX_TEXTS:
             return 0
         _ahead_texts[key] = _ahead_texts.get(key, 0) + len(todo)
-    from concurrent.futures import Future
-    from concurrent.futures import wait as wait_futures
-
-    future: Future = Future()
-    with _ahead_lock:
         queued = _ahead.setdefault(key, [])
         before = queued[-1] if queued else None
         queued.append(future)

@@ -19,8 +19,7 @@ _HOMES = {
     "DEFAULT_TUNING": "engine", "QueryInputError": "inputs", "Record": "records", "estimate_tokens": "records",
 }
 
-__all__ = ["recall", "show", "RecallResult", "Record", "QueryError", "make_id", "parse_id", "render_show",
-           "estimate_tokens", "MODES", "Tuning", "DEFAULT_TUNING", "QueryInputError"]
+__all__ = list(_HOMES)
 
 if TYPE_CHECKING:
     from kb_assets.query.engine import (

@@ -11,6 +11,10 @@ backend shows there, not half-way into a stage, and then every kept connection t
 went with it). A stage that fails closes its connection as before, so its re-run (guard.run_stage) opens a
 fresh one. A forked child never uses (nor closes) its parent's connections; kept connections are closed when
 the process exits, and before this process stops an embedded server.
+
+Not psycopg_pool (which `kb serve` uses): a pool opens connections its own way (these are store.db.connect's:
+search path, vector type), runs worker threads, and makes a stage wait at its size limit; here a stage that
+finds none kept simply opens one, as before.
 """
 from __future__ import annotations
 
