@@ -5,6 +5,7 @@ Config mistakes print one line (file: key: problem — fix) and exit 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -119,10 +120,12 @@ def _index(args, run) -> int:
     config_failed = False      # a configuration refusal inside a run (max_files...): exit 2, as before a run
     started = time.perf_counter()
     use_bars = sys.stderr.isatty() and not args.quiet
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    bars = contextlib.nullcontext()      # no terminal: no bars, and rich.progress not imported (~5 ms)
+    if use_bars:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=console, disable=not use_bars, transient=False)
+        bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, transient=False)
     # after a stop request, a lost database or a configuration refusal, the CLI's own line says it all
     with bars, index_run.mute_dagster_when(lambda: run.stopping or guard.last_unreachable() is not None
                                            or guard.last_config_refusal() is not None):

@@ -9,6 +9,14 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+# documents.blocks (migration 008; written by chunking/markdown.document_blocks): the block scan the documents
+# stage stores for a markdown-shaped document (and, from version 2, the header and section titles of a reST one:
+# chunking/rst.rst_structure), read back by the chunker and the extractive signposter instead of parsing the text
+# again. A row of another version is re-parsed from its stored text by the next documents run
+# (pipeline/documents.refill_blocks). Kept here, not in chunking: every documents run compares it, and importing
+# the chunking package for it alone cost ~6 ms.
+BLOCKS_VERSION = 2
+
 DOCUMENT_KINDS = (
     "adr", "doc", "session", "transcript", "readme", "agents_md", "memory", "work_item", "code",
 )

@@ -22,20 +22,42 @@ has instead of re-counting each chunk; any other counter is called on every chun
 """
 from __future__ import annotations
 
-from kb_assets.chunking.code import code_sections, language_for
-from kb_assets.chunking.core import Engine, Lines
-from kb_assets.chunking.markdown import (BLOCKS_VERSION, looks_like_markdown, markdown_sections, stored_blocks,
-                                         text_sections)
-from kb_assets.chunking.rst import rst_sections, rst_structure
-from kb_assets.chunking.tokens import (CountTokens, TokenCounter, default_tokenizer_path, estimate_tokens,
-                                       make_token_counter)
-from kb_assets.chunking.transcript import transcript_sections
-from kb_assets.models import Chunk, SourceDocument
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from kb_assets.models import BLOCKS_VERSION, Chunk, SourceDocument
 
 __all__ = [
     "chunk_document", "document_blocks", "detect_shape", "estimate_tokens", "make_token_counter", "default_tokenizer_path",
     "CountTokens", "TokenCounter", "language_for", "MIN_MAX_TOKENS",
 ]
+
+# The shapes' modules load on first use (PEP 562): a pass that only needs the tokenizer's path (the projections'
+# token measure) or nothing of chunking at all (a delete) does not import every splitter (~9 ms).
+_HOMES = {
+    "code_sections": "code", "language_for": "code", "Engine": "core", "Lines": "core",
+    "looks_like_markdown": "markdown", "markdown_sections": "markdown", "stored_blocks": "markdown",
+    "text_sections": "markdown", "rst_sections": "rst", "rst_structure": "rst", "CountTokens": "tokens",
+    "TokenCounter": "tokens", "default_tokenizer_path": "tokens", "estimate_tokens": "tokens",
+    "make_token_counter": "tokens", "transcript_sections": "transcript",
+}
+
+if TYPE_CHECKING:
+    from kb_assets.chunking.tokens import CountTokens
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'kb_assets.chunking' has no attribute {name!r}")
+    value = getattr(import_module(f"kb_assets.chunking.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES) | set(__all__))
+
 
 # .ipynb: the reader renders a notebook as markdown (sources.notebooks)
 MARKDOWN_EXTENSIONS = frozenset({".md", ".markdown", ".mdx", ".mdown", ".mkd", ".mkdn", ".ipynb"})
@@ -53,6 +75,9 @@ def _extension(path: str) -> str:
 
 def detect_shape(doc: SourceDocument) -> str:
     """One of: markdown, rst, text, code, transcript, work_item, session."""
+    from kb_assets.chunking.code import language_for
+    from kb_assets.chunking.markdown import looks_like_markdown
+
     kind = doc.kind
     if kind == "transcript":
         return "transcript"
@@ -79,6 +104,9 @@ def document_blocks(doc: SourceDocument) -> dict | None:
     (chunking/rst.rst_structure), None for any other shape (nothing to store)."""
     if not doc.text or doc.text.isspace():
         return None
+    from kb_assets.chunking.markdown import stored_blocks
+    from kb_assets.chunking.rst import rst_structure
+
     shape = detect_shape(doc)
     if shape in ("markdown", "work_item", "session"):
         return stored_blocks(doc.text)
@@ -100,6 +128,13 @@ def chunk_document(doc: SourceDocument, *, max_tokens: int, overlap_tokens: int 
     blocks: the document's stored parse (documents.blocks, `document_blocks`): a markdown or reST document is
     then not parsed again.
     """
+    from kb_assets.chunking.code import code_sections
+    from kb_assets.chunking.core import Engine, Lines
+    from kb_assets.chunking.markdown import markdown_sections, text_sections
+    from kb_assets.chunking.rst import rst_sections
+    from kb_assets.chunking.tokens import estimate_tokens
+    from kb_assets.chunking.transcript import transcript_sections
+
     if max_tokens < MIN_MAX_TOKENS:
         raise ValueError(f"max_tokens must be at least {MIN_MAX_TOKENS}, got {max_tokens}")
     if overlap_tokens < 0:

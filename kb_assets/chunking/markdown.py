@@ -13,6 +13,7 @@ import re
 import threading
 
 from kb_assets.chunking.core import Lines, Section, clipped, heading_path
+from kb_assets.models import BLOCKS_VERSION  # noqa: F401  (re-exported: chunking's name for it)
 
 _LONE_CR = re.compile(r"\r(?!\n)")
 _MAX_NESTING = 20
@@ -297,11 +298,6 @@ def _parse_view(text: str, lines: Lines) -> tuple[str, int, bool]:
     return parse_text, fm, lone_cr
 
 
-# documents.blocks (migration 008): the block scan the documents stage stores for a markdown-shaped document
-# (and, from version 2, the header and section titles of a reST one: chunking/rst.rst_structure), read back by
-# the chunker and the extractive signposter instead of parsing the text again. A row of another version is
-# re-parsed from its stored text by the next documents run (pipeline/documents.refill_blocks).
-BLOCKS_VERSION = 2
 
 
 def view_blocks(text: str) -> tuple[list[Block], int, bool]:

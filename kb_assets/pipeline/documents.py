@@ -361,7 +361,7 @@ def _blocks_columns(doc: SourceDocument, text: str) -> tuple[str | None, int]:
 def refill_blocks(conn: psycopg.Connection, source_key: str) -> int:
     """documents.blocks of active rows written before migration 008 (or by older scan rules), from the stored
     text: no file read again, no chunk or vector changes."""
-    from kb_assets.chunking.markdown import BLOCKS_VERSION
+    from kb_assets.models import BLOCKS_VERSION
 
     ids = [r[0] for r in conn.execute(
         "SELECT id FROM documents WHERE source_key = %s AND status = 'active'"

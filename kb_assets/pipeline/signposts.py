@@ -20,8 +20,9 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+# BrokenExecutor, not concurrent.futures.process's BrokenProcessPool (its subclass): that module brings
+# multiprocessing (~5 ms of every pass), and a broken pool of either kind fails the stage alike
+from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -399,7 +400,7 @@ def run_signposts(conn, source_key: str, signposter, *, max_failures: int = 3, c
                     try:
                         result = fut.result()
                         payload = validate_payload(kind, result.payload)
-                    except BrokenProcessPool:
+                    except BrokenExecutor:
                         raise       # the generating process died: the stage fails, no document is to blame
                     except (SignpostAuthError, SignpostQuotaError) as exc:
                         account(exc.calls, exc.rate_limited, exc.input_tokens, exc.output_tokens)

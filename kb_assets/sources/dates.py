@@ -14,8 +14,6 @@ import datetime as dt
 import re
 from typing import Any
 
-from dateutil import parser as _dateutil
-
 _MONTH = r"(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.?"
 _YEAR = r"(?:19|20)\d{2}"
 # (pattern, day-first) in priority order: the first pattern that matches anywhere decides.
@@ -49,6 +47,10 @@ def parse_date(value: Any) -> dt.date | None:
     for rx, dayfirst in _PATTERNS:
         m = rx.search(s)
         if m:
+            # imported here: dateutil.parser brings dateutil.tz (~17 ms), which a pass that reads no date
+            # (a delete, a rename) or only ISO dates never needs
+            from dateutil import parser as _dateutil
+
             try:
                 return _dateutil.parse(m.group(1), dayfirst=dayfirst, yearfirst=not dayfirst).date()
             except (ValueError, OverflowError):
