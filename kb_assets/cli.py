@@ -267,7 +267,7 @@ def _unchanged_figures(row: dict) -> dict:
                       "skip_reasons": row["skip_reasons"], "commit": row["indexed_commit"], "complete": True,
                       "read_errors": 0, "seconds": 0.0},
         "chunks": {"source": key, "documents_chunked": 0, "chunks_written": 0, "chunks_removed": 0,
-                   "chunks_total": row["chunks"], "errors": 0, "seconds": 0.0},
+                   "chunks_kept": 0, "chunks_total": row["chunks"], "errors": 0, "seconds": 0.0},
         "embeddings": {"source": key, "model": row["embedding_model"], "dimension": row["embedding_dimension"],
                        "chunks_embedded": 0, "batches": 0, "tokens": 0, "reused": row["embedded"],
                        "missing_after": row["chunks"] - row["embedded"], "seconds": 0.0},

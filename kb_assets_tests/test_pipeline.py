@@ -300,6 +300,68 @@ def test_chunks_swap_in_one_transaction(repo, db_url, conn):
     assert "rollback" in texts
 
 
+def test_a_re_cut_document_keeps_its_unchanged_chunks(repo, db_url, conn):
+    """A paragraph appended to a document rewrites its last chunk only: the other rows stay as they were (same
+    ids), and what is stored equals a cut from scratch. An edit that moves lines rewrites the chunks whose
+    lines moved. The keyword statistics and postings, refreshed incrementally, equal a refresh from scratch."""
+    from kb_assets.chunking import chunk_document
+    from kb_assets.models import SourceDocument
+    from kb_assets.pipeline.query_stats import refresh_query_stats
+
+    cfg = _cfg(repo, db_url)
+    emb = CountingEmbedder()
+    _index(cfg, conn, emb)
+    doc_id = conn.execute("SELECT id FROM documents WHERE path='docs/note-2.md'").fetchone()[0]
+
+    def rows() -> dict[int, tuple]:
+        return {r[0]: r[1:] for r in conn.execute(
+            "SELECT id, ordinal, chunk_hash, start_line, end_line, token_count, heading, text FROM chunks"
+            " WHERE document_id = %s", (doc_id,))}
+
+    def from_scratch() -> list[tuple]:
+        text = conn.execute("SELECT text FROM documents WHERE id = %s", (doc_id,)).fetchone()[0]
+        doc = SourceDocument(path="docs/note-2.md", kind="doc", title="Note 2", text=text)
+        return sorted((c.ordinal, c.chunk_hash, c.start_line, c.end_line, c.token_count, c.heading, c.text)
+                      for c in chunk_document(doc, max_tokens=emb.max_tokens, count_tokens=emb.count_tokens))
+
+    def keywords() -> tuple:
+        return (conn.execute("SELECT lexeme, ndoc FROM lexeme_stats ORDER BY 1").fetchall(),
+                conn.execute("SELECT n_chunks, n_lexemes FROM query_stats").fetchall(),
+                conn.execute("SELECT document_id, lexeme, (SELECT array_agg(x ORDER BY x) FROM unnest(chunk_ids) x)"
+                             " FROM document_terms ORDER BY 1, 2").fetchall())
+
+    before = rows()
+    assert len(before) >= 4
+    p = repo / "docs/note-2.md"
+    p.write_text(p.read_text() + "\nA closing line about rollback windows.\n", encoding="utf-8")
+    sync_documents(conn, cfg, cfg.sources[0])
+    stats = chunk_source(conn, "docs", max_tokens=emb.max_tokens, count_tokens=emb.count_tokens)
+    after = rows()
+    assert sorted(after.values()) == from_scratch()
+    assert (stats.documents_chunked, stats.chunks_written, stats.chunks_removed) == (1, 1, 1)
+    assert stats.chunks_kept == len(before) - 1
+    assert {i: r for i, r in after.items() if i in before} == {i: r for i, r in before.items() if i in after}
+    assert len(set(after) & set(before)) == len(before) - 1          # the same rows, not copies of them
+    assert "rollback" in max(after.values())[-1]
+
+    refresh_query_stats(conn)
+    incremental = keywords()
+    refresh_query_stats(conn, full=True)
+    assert keywords() == incremental
+
+    # a line inserted near the top moves every chunk's lines: each is rewritten (its row says where it is)
+    text = p.read_text()
+    p.write_text(text.replace("\n\n", "\n\nAn added opening line.\n\n", 1), encoding="utf-8")
+    sync_documents(conn, cfg, cfg.sources[0])
+    stats = chunk_source(conn, "docs", max_tokens=emb.max_tokens, count_tokens=emb.count_tokens)
+    assert sorted(rows().values()) == from_scratch()
+    assert stats.chunks_written == stats.chunks_removed == len(after) and stats.chunks_kept == 0
+    refresh_query_stats(conn)
+    incremental = keywords()
+    refresh_query_stats(conn, full=True)
+    assert keywords() == incremental
+
+
 def _commit(root: Path, msg: str) -> None:
     _git(root, "-c", "user.email=t@e", "-c", "user.name=t", "add", "-A")
     _git(root, "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qm", msg)

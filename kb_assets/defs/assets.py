@@ -101,8 +101,8 @@ def _materialize_chunks(kb: KbResource, key: str, *, warm_up: bool | None = None
     stats = stages.chunks(key, embedder, kb.run_stage, current_progress(), warm_up=warm_up, beside=beside)
     return dg.MaterializeResult(asset_key=kb_chunks, metadata={
         "documents_chunked": stats.documents_chunked, "chunks_written": stats.chunks_written,
-        "chunks_removed": stats.chunks_removed, "chunks_total": stats.chunks_total, "errors": stats.errors,
-        "seconds": stats.seconds,
+        "chunks_removed": stats.chunks_removed, "chunks_kept": stats.chunks_kept, "chunks_total": stats.chunks_total,
+        "errors": stats.errors, "seconds": stats.seconds,
     })
 
 

@@ -34,6 +34,7 @@ class ChunkStats:
     documents_chunked: int = 0
     chunks_written: int = 0
     chunks_removed: int = 0
+    chunks_kept: int = 0          # chunks of a re-cut document identical to one it had: left in place
     chunks_total: int = 0
     errors: int = 0
     seconds: float = 0.0
@@ -154,9 +155,14 @@ def _prompt_gil_handoffs(interval: float = 0.0005):
                 sys.setswitchinterval(_switch_saved)
 
 
+# What identifies a stored chunk row: equal keys, equal rows (the hash covers the heading and the text)
+ChunkKey = tuple[int, str, int, int, int]       # (ordinal, chunk hash, start line, end line, token count)
+
+
 @dataclass
 class _Batch:
-    cut: list[tuple[int, str, int, bytes]]      # (document id, content hash it was cut from, chunks, COPY rows)
+    # (document id, content hash it was cut from, COPY rows (one line per chunk), each chunk's key in order)
+    cut: list[tuple[int, str, bytes, list[ChunkKey]]]
     errors: list[tuple[int, str, str]]          # (document id, path, "Error: message")
     # (chunk hash, heading, text, token count) of every chunk cut, for `on_cut` (None when nobody asked)
     texts: list[tuple[str, str, str, int]] | None = None
@@ -202,7 +208,8 @@ def _cut_batch(rows: list, *, max_tokens: int, overlap_tokens: int,
             log.exception("chunking %s failed", path)
             out.errors.append((doc_id, path, f"{type(exc).__name__}: {exc}"[:500]))
             continue
-        out.cut.append((doc_id, content_hash, len(chunks), encoded))
+        out.cut.append((doc_id, content_hash, encoded,
+                        [(c.ordinal, c.chunk_hash, c.start_line, c.end_line, c.token_count) for c in chunks]))
         if out.texts is not None:
             out.texts.extend((c.chunk_hash, c.heading, c.text, c.token_count) for c in chunks)
     return out
@@ -244,10 +251,15 @@ def _skip_document(conn: psycopg.Connection, doc_id: int, message: str, stats: C
             (message[:1000], message, doc_id))
 
 
-def _swap(conn: psycopg.Connection, cut: list[tuple[int, str, int, bytes]], stats: ChunkStats) -> None:
+def _swap(conn: psycopg.Connection, cut: list[tuple[int, str, bytes, list[ChunkKey]]], stats: ChunkStats) -> None:
     """Replace the chunks of a batch of documents in one short transaction: each document's old chunks stay
     visible until its new ones are committed. Only documents still at the version that was cut are swapped
-    (a concurrent run may have moved on)."""
+    (a concurrent run may have moved on).
+
+    A chunk the document already had, unchanged (same ordinal, text, heading, lines and count), stays as it is:
+    a paragraph appended to a long document rewrites its last chunk, not every chunk. Writing a chunk is most of
+    a small pass's database work (its tsvector, the GIN index, the keyword statistics' deltas; ~0.2 s for the
+    ~900 chunks of 30 synthetic documents against ~10 ms for the 30 that changed)."""
     with conn.transaction():
         ok = {r[0] for r in conn.execute(
             "UPDATE documents d SET chunked_hash = d.content_hash FROM unnest(%s::bigint[], %s::text[]) AS v(id, h)"
@@ -255,21 +267,44 @@ def _swap(conn: psycopg.Connection, cut: list[tuple[int, str, int, bytes]], stat
             ([c[0] for c in cut], [c[1] for c in cut]))}
         if not ok:
             return
-        stats.chunks_removed += conn.execute("DELETE FROM chunks WHERE document_id = ANY(%s)", (list(ok),)).rowcount
+        stored: dict[int, dict[ChunkKey, int]] = {}
+        for chunk_id, doc_id, *key in conn.execute(
+                "SELECT id, document_id, ordinal, chunk_hash, start_line, end_line, token_count FROM chunks"
+                " WHERE document_id = ANY(%s)", (list(ok),)):
+            stored.setdefault(doc_id, {})[tuple(key)] = chunk_id
         swapped = [c for c in cut if c[0] in ok]
-        with conn.cursor().copy(
-            "COPY chunks (document_id, ordinal, heading, start_line, end_line, token_count, chunk_hash, text)"
-            " FROM STDIN"
-        ) as copy:
-            group: list[bytes] = []
-            size = 0
-            for c in swapped:               # writes of ~128 KB (psycopg's largest), not one copy of the batch
-                group.append(c[3])
-                size += len(c[3])
-                if size >= _COPY_WRITE:
+        gone: list[int] = []
+        rows: list[bytes] = []
+        for doc_id, _hash, encoded, keys in swapped:
+            old = stored.get(doc_id)
+            if not old:                     # first cut of this document (a first load): every row goes in
+                rows.append(encoded)
+                stats.chunks_written += len(keys)
+                continue
+            new = set(keys)
+            gone.extend(chunk_id for key, chunk_id in old.items() if key not in new)
+            lines = encoded.split(b"\n")    # one line per chunk: COPY's text format escapes newlines in fields
+            for key, line in zip(keys, lines):
+                if key in old:
+                    stats.chunks_kept += 1
+                else:
+                    rows.append(line + b"\n")
+                    stats.chunks_written += 1
+        if gone:     # first: a new chunk may take the ordinal of one that goes
+            stats.chunks_removed += conn.execute("DELETE FROM chunks WHERE id = ANY(%s)", (gone,)).rowcount
+        if rows:
+            with conn.cursor().copy(
+                "COPY chunks (document_id, ordinal, heading, start_line, end_line, token_count, chunk_hash, text)"
+                " FROM STDIN"
+            ) as copy:
+                group: list[bytes] = []
+                size = 0
+                for row in rows:            # writes of ~128 KB (psycopg's largest), not one copy of the batch
+                    group.append(row)
+                    size += len(row)
+                    if size >= _COPY_WRITE:
+                        copy.write(b"".join(group))
+                        group, size = [], 0
+                if group:
                     copy.write(b"".join(group))
-                    group, size = [], 0
-            if group:
-                copy.write(b"".join(group))
         stats.documents_chunked += len(swapped)
-        stats.chunks_written += sum(c[2] for c in swapped)
