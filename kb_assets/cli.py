@@ -117,6 +117,7 @@ def _index(args, run) -> int:
     failures = []
     skipped_runs: set[str] = set()   # sources reported unchanged without a run
     runners: dict[str, str] = {}      # source -> "dagster" | "direct" (a small change, without a Dagster run)
+    coverage: dict[str, dict | None] = {}   # source -> its direct run's chunk coverage (counted once, read twice)
     config_failed = False      # a configuration refusal inside a run (max_files...): exit 2, as before a run
     started = time.perf_counter()
     use_bars = sys.stderr.isatty() and not args.quiet
@@ -170,12 +171,12 @@ def _index(args, run) -> int:
                             ok, error = result.success, None if result.success else _first_error(result)
                             refused = not ok and _failed_on_config(result)
                         else:
-                            ok, error, refused = _direct(cfg, key, run)
+                            ok, error, refused, coverage[key] = _direct(cfg, key, run)
                     finally:
                         source_state.offer_listing(None)
                     if ok and not run.stopping and guard.last_unreachable() is None:
-                        with _connect(cfg) as conn:
-                            source_state.record_if_complete(conn, state)   # what the next run compares
+                        with _connect(cfg) as conn:   # what the next run compares
+                            source_state.record_if_complete(conn, state, coverage.get(key))
                 if run.stopping:
                     break
                 if guard.last_unreachable() is not None:
@@ -205,7 +206,8 @@ def _index(args, run) -> int:
         elapsed = time.perf_counter() - started
         from kb_assets.store.status import source_status
 
-        rows = index_run.own_figures(source_status(conn, keys, config=cfg))   # this run's figures only
+        rows = index_run.own_figures(source_status(     # this run's figures only
+            conn, keys, config=cfg, coverage={k: c for k, c in coverage.items() if c is not None}))
         for r in rows:
             r["skipped_run"] = r["source"] in skipped_runs
             r["runner"] = runners.get(r["source"])
@@ -233,9 +235,9 @@ def _index(args, run) -> int:
     return EXIT_CONFIG if config_failed else 1 if failures else 0
 
 
-def _direct(cfg, key: str, run) -> tuple[bool, str | None, bool]:
+def _direct(cfg, key: str, run) -> tuple[bool, str | None, bool, dict | None]:
     """Index a small change of the source without a Dagster run (pipeline/direct_run.py) and store the run
-    for the `kb_direct_runs` sensor. (ok, error line, a configuration refusal)."""
+    for the `kb_direct_runs` sensor. (ok, error line, a configuration refusal, the run's chunk coverage)."""
     from kb_assets.config import ConfigError
     from kb_assets.pipeline import cancel, direct_run, guard
     from kb_assets.pipeline.progress import current
@@ -245,16 +247,16 @@ def _direct(cfg, key: str, run) -> tuple[bool, str | None, bool]:
         done = direct_run.run_source(cfg, key, progress=current())
     except cancel.Cancelled:
         if run.stopping:
-            return False, None, False        # the caller stops with its one line
+            return False, None, False, None  # the caller stops with its one line
         raise
     except Exception as exc:                 # noqa: BLE001 - one line, as a failed Dagster run gives
         if guard.last_unreachable() is not None:
-            return False, None, False        # exit 4 (the caller raises it)
+            return False, None, False, None  # exit 4 (the caller raises it)
         refused = isinstance(exc, ConfigError) or type(exc).__name__ in config_error_names()
-        return False, str(exc) if refused else f"{type(exc).__name__}: {exc}", refused
+        return False, str(exc) if refused else f"{type(exc).__name__}: {exc}", refused, None
     with _connect(cfg) as conn:
         direct_run.record(conn, done)
-    return True, None, False
+    return True, None, False, done.coverage
 
 
 def _unchanged_figures(row: dict) -> dict:

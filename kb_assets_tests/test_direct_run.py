@@ -75,6 +75,12 @@ def test_small_change_without_dagster_equals_the_job_and_is_reported(tmp_path, d
     assert docs["code"]["new"] == 1
     job_out, dagster = _kb_index(paths["job"], tmp_path / "job" / "dagster", "--dagster")
     assert _runners(job_out) == {"decisions": "dagster", "code": "dagster"} and dagster
+    # the summary's counts (the direct run's: from its checks' coverage; the job's: counted after it) agree
+    def counts(o: dict) -> dict:
+        return {s["source"]: (s["documents"], s["chunks"], s["embedded"]) for s in o["sources"]}
+
+    assert counts(out) == counts(job_out)
+    assert all(chunks > 0 and embedded == chunks for _, chunks, embedded in counts(out).values())
 
     direct_cfg, job_cfg = load_config(str(paths["direct"])), load_config(str(paths["job"]))
     with connect(open_database(direct_cfg)) as conn:

@@ -46,6 +46,9 @@ class DirectRun:
     started_at: datetime
     assets: dict[str, dict] = field(default_factory=dict)     # asset name -> metadata (plain values)
     checks: list[CheckOutcome] = field(default_factory=list)
+    # the checks' health.chunk_coverage, taken after the last stage that writes chunks or vectors: what the
+    # caller's own counts of this source would read again (source_state.pending_work, store.status)
+    coverage: dict | None = None
 
 
 def why_not_direct(conn: psycopg.Connection, cfg: KbConfig, source: SourceConfig,
@@ -130,7 +133,8 @@ def run_source(cfg: KbConfig, key: str, *, progress: Progress = null_progress) -
         def read(conn) -> list[CheckOutcome]:
             from kb_assets.store import health, spaces
 
-            cover = health.chunk_coverage(conn, spaces.space_table(conn, embedder.model, embedder.dimension))
+            cover = out.coverage = health.chunk_coverage(conn, spaces.space_table(conn, embedder.model,
+                                                                                  embedder.dimension))
             return [checks.every_chunk_embedded(conn, embedder.model, embedder.dimension, coverage=cover),
                     checks.vector_keyword_parity(conn, source, coverage=cover),
                     checks.no_orphans(conn, coverage=cover)]

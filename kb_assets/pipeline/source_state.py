@@ -265,9 +265,14 @@ def forget(conn: psycopg.Connection, source_key: str) -> dict | None:
     return row[0] if row else None
 
 
-def pending_work(conn: psycopg.Connection, source_key: str) -> str | None:
+def pending_work(conn: psycopg.Connection, source_key: str, coverage: dict | None = None) -> str | None:
     """What a re-run would still do for the source (None: nothing): documents not chunked, chunks without
-    a vector in the active space, signposts to generate or retry (parked ones wait for a change)."""
+    a vector in the active space, signposts to generate or retry (parked ones wait for a change).
+
+    `coverage`: a health.chunk_coverage taken since the source's last write (the direct run's checks take one):
+    its count of the source's chunks without a vector is used instead of counting again, when it was taken
+    of the active space. Another run can only add vectors meanwhile (this source's lock is held), so a count
+    read earlier never hides a missing one."""
     from kb_assets.store import spaces
 
     unchunked, unsignposted = conn.execute(
@@ -288,15 +293,19 @@ def pending_work(conn: psycopg.Connection, source_key: str) -> str | None:
             "SELECT EXISTS (SELECT 1 FROM chunks c JOIN documents d ON d.id = c.document_id"
             " WHERE d.source_key = %s)", (source_key,)).fetchone()[0]
         return "chunks and no active vector space" if has_chunks else None
-    missing = spaces.chunks_without_vector(conn, active[2], source_key)[1]
+    if coverage is not None and coverage.get("table") == active[2]:
+        missing = coverage["sources"].get(source_key, {}).get("without_vector", 0)
+    else:
+        missing = spaces.chunks_without_vector(conn, active[2], source_key)[1]
     return f"{missing} chunks without a vector" if missing else None
 
 
-def record_if_complete(conn: psycopg.Connection, state: SourceState) -> str | None:
-    """Record the fingerprint taken before the source's successful run; returns why not, or None."""
+def record_if_complete(conn: psycopg.Connection, state: SourceState, coverage: dict | None = None) -> str | None:
+    """Record the fingerprint taken before the source's successful run; returns why not, or None.
+    `coverage`: see pending_work."""
     if state.fingerprint is None:
         return state.why or "no fingerprint"
-    why = pending_work(conn, state.source)
+    why = pending_work(conn, state.source, coverage)
     if why:
         return why
     from psycopg.types.json import Json

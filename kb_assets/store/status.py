@@ -19,10 +19,13 @@ def git_head(root: str | Path) -> str | None:
 
 
 def source_status(conn: psycopg.Connection, source_keys: list[str] | None = None,
-                  model: str | None = None, dimension: int | None = None, config=None) -> list[dict]:
+                  model: str | None = None, dimension: int | None = None, config=None,
+                  coverage: dict[str, dict] | None = None) -> list[dict]:
     """One dict per source. `embedded` counts active chunks with a vector for (model, dimension)
     (default: the active space). With `config`, a source that sets `branch:`/`remote:` is fresh against
-    that branch's tip (what the sensor indexes), not the checkout's HEAD."""
+    that branch's tip (what the sensor indexes), not the checkout's HEAD. `coverage`: source -> a
+    health.chunk_coverage its run took after its last write (`kb index`: the direct run's checks); the
+    source's chunks and those without a vector come from it when it is of the same space table."""
     tips: dict[str, str | None] = {}
     if config is not None:
         from kb_assets.sources.discovery import tip_commit
@@ -49,7 +52,11 @@ def source_status(conn: psycopg.Connection, source_keys: list[str] | None = None
         counts = conn.execute(
             "SELECT count(*) FILTER (WHERE status = 'active'), count(*) FILTER (WHERE status = 'skipped')"
             " FROM documents WHERE source_key = %s", (key,)).fetchone()
-        if table:
+        cover = (coverage or {}).get(key)
+        if table and cover is not None and cover.get("table") == table:
+            row = cover["sources"].get(key, {"chunks": 0, "without_vector": 0})
+            chunks, embedded = row["chunks"], row["chunks"] - row["without_vector"]
+        elif table:
             chunks, without = spaces.chunks_without_vector(conn, table, key)
             embedded = chunks - without
         else:
