@@ -294,25 +294,32 @@ def _document_terms_for(conn, docs: set[int], watermark: int, *, rebuild: set[in
     part = [d for d in docs if d not in rebuild]
     if not part:
         return written
-    conn.execute("CREATE TEMP TABLE IF NOT EXISTS _terms_touched (lexeme text, document_id bigint)"
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS _terms_touched (lexeme text, document_id bigint, chunk_ids bigint[])"
                  " ON COMMIT DELETE ROWS")
     conn.execute("DELETE FROM _terms_touched")   # (inside a caller's longer transaction, a previous refresh's)
+    # each touched row's new chunk ids: its old ones still live, and the new chunks holding its lexeme (no
+    # unnesting of the document's other chunks: the old row already lists them)
     conn.execute(
         "INSERT INTO _terms_touched"
         " WITH live AS (SELECT document_id, array_agg(id) AS ids FROM chunks WHERE document_id = ANY(%(d)s)"
-        "  GROUP BY 1)"
-        " SELECT t.lexeme, t.document_id FROM document_terms t LEFT JOIN live USING (document_id)"
-        "  WHERE t.document_id = ANY(%(d)s) AND (live.ids IS NULL OR NOT t.chunk_ids <@ live.ids)"
-        " UNION"
-        " SELECT l, c.document_id FROM chunks c, unnest(tsvector_to_array(c.tsv)) AS l"
-        "  WHERE c.document_id = ANY(%(d)s) AND c.id > %(w)s", {"d": part, "w": watermark})
+        "  GROUP BY 1),"
+        " fresh AS (SELECT l AS lexeme, c.document_id, array_agg(c.id) AS ids"
+        "  FROM chunks c, unnest(tsvector_to_array(c.tsv)) AS l WHERE c.document_id = ANY(%(d)s) AND c.id > %(w)s"
+        "  GROUP BY 1, 2),"
+        " stale AS (SELECT t.lexeme, t.document_id FROM document_terms t LEFT JOIN live USING (document_id)"
+        "  WHERE t.document_id = ANY(%(d)s) AND (live.ids IS NULL OR NOT t.chunk_ids <@ live.ids)),"
+        " touched AS (SELECT lexeme, document_id FROM stale UNION SELECT lexeme, document_id FROM fresh)"
+        " SELECT x.lexeme, x.document_id, ARRAY(SELECT DISTINCT i FROM unnest(coalesce(t.chunk_ids, '{}')"
+        "  || coalesce(f.ids, '{}')) AS i WHERE i = ANY(l.ids) ORDER BY i)"
+        " FROM touched x LEFT JOIN document_terms t ON t.lexeme = x.lexeme AND t.document_id = x.document_id"
+        " LEFT JOIN fresh f ON f.lexeme = x.lexeme AND f.document_id = x.document_id"
+        " LEFT JOIN live l ON l.document_id = x.document_id",
+        {"d": part, "w": watermark})
     conn.execute("DELETE FROM document_terms t USING _terms_touched x"
                  " WHERE t.lexeme = x.lexeme AND t.document_id = x.document_id")
-    written += conn.execute(
-        "INSERT INTO document_terms (lexeme, document_id, chunk_ids)"
-        " SELECT l, c.document_id, array_agg(c.id) FROM chunks c, unnest(tsvector_to_array(c.tsv)) AS l"
-        " WHERE c.document_id = ANY(%s) AND (l, c.document_id) IN (SELECT lexeme, document_id FROM _terms_touched)"
-        " GROUP BY 1, 2", (part,)).rowcount
+    written += conn.execute("INSERT INTO document_terms (lexeme, document_id, chunk_ids)"
+                            " SELECT lexeme, document_id, chunk_ids FROM _terms_touched WHERE cardinality(chunk_ids) > 0"
+                            ).rowcount
     return written
 
 
