@@ -306,12 +306,15 @@ def _document_terms_for(conn, docs: set[int], watermark: int, *, rebuild: set[in
         " fresh AS (SELECT l AS lexeme, c.document_id, array_agg(c.id) AS ids"
         "  FROM chunks c, unnest(tsvector_to_array(c.tsv)) AS l WHERE c.document_id = ANY(%(d)s) AND c.id > %(w)s"
         "  GROUP BY 1, 2),"
-        " stale AS (SELECT t.lexeme, t.document_id FROM document_terms t LEFT JOIN live USING (document_id)"
-        "  WHERE t.document_id = ANY(%(d)s) AND (live.ids IS NULL OR NOT t.chunk_ids <@ live.ids)),"
-        " touched AS (SELECT lexeme, document_id FROM stale UNION SELECT lexeme, document_id FROM fresh)"
-        " SELECT x.lexeme, x.document_id, ARRAY(SELECT DISTINCT i FROM unnest(coalesce(t.chunk_ids, '{}')"
+        # the documents' rows read once (by document: the planner, guessing, took a scan of every row to
+        # join the touched ones back)
+        " old AS MATERIALIZED (SELECT t.lexeme, t.document_id, t.chunk_ids FROM document_terms t"
+        "  WHERE t.document_id = ANY(%(d)s)),"
+        " touched AS (SELECT o.lexeme, o.document_id FROM old o LEFT JOIN live USING (document_id)"
+        "  WHERE live.ids IS NULL OR NOT o.chunk_ids <@ live.ids UNION SELECT lexeme, document_id FROM fresh)"
+        " SELECT x.lexeme, x.document_id, ARRAY(SELECT DISTINCT i FROM unnest(coalesce(o.chunk_ids, '{}')"
         "  || coalesce(f.ids, '{}')) AS i WHERE i = ANY(l.ids) ORDER BY i)"
-        " FROM touched x LEFT JOIN document_terms t ON t.lexeme = x.lexeme AND t.document_id = x.document_id"
+        " FROM touched x LEFT JOIN old o ON o.lexeme = x.lexeme AND o.document_id = x.document_id"
         " LEFT JOIN fresh f ON f.lexeme = x.lexeme AND f.document_id = x.document_id"
         " LEFT JOIN live l ON l.document_id = x.document_id",
         {"d": part, "w": watermark})
