@@ -5,11 +5,8 @@ A document's old chunks stay visible until its new chunks replace them (invarian
 from __future__ import annotations
 
 import logging
-import sys
-import threading
 import time
 from collections import deque
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from itertools import islice
 from typing import Callable
@@ -19,6 +16,7 @@ import psycopg
 from kb_assets.models import SourceDocument
 from kb_assets.pipeline import cancel
 from kb_assets.pipeline.progress import Progress, null_progress
+from kb_assets.pipeline.side_by_side import prompt_gil_handoffs
 from kb_assets.store import spaces
 
 log = logging.getLogger(__name__)
@@ -100,7 +98,7 @@ def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int |
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-chunk")
     try:
-        with _prompt_gil_handoffs():
+        with prompt_gil_handoffs():
             # up to CUT_AHEAD batches read and handed to the worker: batches vary in cost (a file of big
             # classes, a file of prose), and with one the faster side waits on every slow batch of the other
             pending: deque = deque()            # (future of a batch's cut, its number of documents)
@@ -128,31 +126,6 @@ def chunk_source(conn: psycopg.Connection, source_key: str, *, max_tokens: int |
         (source_key,)).fetchone()[0]
     stats.seconds = round(time.perf_counter() - started, 3)
     return stats
-
-
-_switch_lock = threading.Lock()
-_switch_users = 0
-_switch_saved = 0.0
-
-
-@contextmanager
-def _prompt_gil_handoffs(interval: float = 0.0005):
-    """Shorter GIL switch interval while chunking: after each network wait this thread needs the GIL back from
-    the worker, and at the default 5 ms the server sits idle between a batch's statements. The first entrant
-    saves the process's interval, the last one restores it."""
-    global _switch_users, _switch_saved
-    with _switch_lock:
-        if _switch_users == 0:
-            _switch_saved = sys.getswitchinterval()
-            sys.setswitchinterval(min(_switch_saved, interval))
-        _switch_users += 1
-    try:
-        yield
-    finally:
-        with _switch_lock:
-            _switch_users -= 1
-            if _switch_users == 0:
-                sys.setswitchinterval(_switch_saved)
 
 
 # What identifies a stored chunk row: equal keys, equal rows (the hash covers the heading and the text)

@@ -110,7 +110,7 @@ def _changed_files(conn, cfg, source, state, before) -> tuple[int | None, int]:
 def run_source(cfg: KbConfig, key: str, *, progress: Progress = null_progress) -> DirectRun:
     """Every stage of the source, then the job's checks; raises what a stage raises (committed work stays)."""
     from kb_assets.embedding import make_embedder
-    from kb_assets.pipeline.side_by_side import run_side_by_side
+    from kb_assets.pipeline.side_by_side import prompt_gil_handoffs, run_side_by_side, yield_cpu
     from kb_assets.signposts import make_signposter
     from kb_assets.store import checks
 
@@ -164,14 +164,16 @@ def run_source(cfg: KbConfig, key: str, *, progress: Progress = null_progress) -
     def signposts_then_projections():
         """The signposts need only the documents, the tier files only documents, signposts and relations:
         both run beside the vector stages (a small pass's projections no longer wait for the search index)."""
+        yield_cpu()      # the vector line is the longer one: the model's calls go first (side_by_side.yield_cpu)
         try:
             sig = stages.signposts(cfg, key, signposter, run_stage)
         finally:
             signposts_over.set()
         return sig, stages.projections(cfg, key, run_stage, record=False)
 
-    vec, sp, error = run_side_by_side(vectors_then_checks, signposts_then_projections,
-                                      thread_name=f"kb_signposts[{key}]")
+    with prompt_gil_handoffs():
+        vec, sp, error = run_side_by_side(vectors_then_checks, signposts_then_projections,
+                                          thread_name=f"kb_signposts[{key}]")
     if error is not None:
         raise error
     emb, search, found = vec.value

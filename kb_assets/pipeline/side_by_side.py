@@ -8,7 +8,10 @@ stop shared by the two (cancel.stop_scope), so what either committed stays and a
 """
 from __future__ import annotations
 
+import os
+import sys
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -65,3 +68,47 @@ def run_together(here: Callable[[], Any], besides: list[tuple[str, Callable[[], 
         for thread in threads:
             thread.join()
     return mine, theirs, (errors[0] if errors else None)
+
+
+_switch_lock = threading.Lock()
+_switch_users = 0
+_switch_saved = 0.0
+
+
+@contextmanager
+def prompt_gil_handoffs(interval: float = 0.0005):
+    """A shorter GIL switch interval while threads of this process share the work: a thread that comes back
+    from a wait (the network, onnxruntime's pool) needs the GIL from one running Python, and at the default
+    5 ms it waits up to that long each time. The chunk stage's connection thread waits so after every statement
+    of a batch; a small pass's model thread after every call (its 16 calls of two texts took 1.1 s beside a
+    busy Python thread, 0.8 s at this interval, 0.47 s alone). The first entrant saves the process's interval,
+    the last one restores it."""
+    global _switch_users, _switch_saved
+    with _switch_lock:
+        if _switch_users == 0:
+            _switch_saved = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch_saved, interval))
+        _switch_users += 1
+    try:
+        yield
+    finally:
+        with _switch_lock:
+            _switch_users -= 1
+            if _switch_users == 0:
+                sys.setswitchinterval(_switch_saved)
+
+
+BESIDE_NICE = 10     # how much lower this thread's priority goes in yield_cpu
+
+
+def yield_cpu() -> None:
+    """Lower the calling thread's CPU priority by BESIDE_NICE (Linux: a nice value is per thread, and the
+    threads it starts inherit it), for work that waits for nothing beside work that is on the critical path.
+    With prompt_gil_handoffs, the model's calls beside it then take ~their time alone (0.54 s against 0.47 s for
+    a small pass's 16 calls, 0.80 s at equal priority). Only ever lowered (no privilege needed); nothing happens
+    where a thread cannot be niced. Call it in a thread that ends with that work."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BESIDE_NICE))
+    except (AttributeError, OSError):
+        pass
