@@ -5,6 +5,9 @@ work that needs only the documents. Run one after the other, their times add up;
 hides in the first's waits (docs/BENCHMARKS.md, "Signposts beside embeddings"). Each stage opens its own
 connection (the callables do). When one fails, the other is stopped at its next batch boundary through a
 stop shared by the two (cancel.stop_scope), so what either committed stays and a re-run finishes the rest.
+
+Two tools for threads that share the interpreter: prompt_gil_handoffs (a shorter GIL switch interval while
+they run) and yield_cpu (a line that waits for nothing steps back for one on the critical path).
 """
 from __future__ import annotations
 
