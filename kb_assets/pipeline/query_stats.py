@@ -282,16 +282,21 @@ def _document_terms_for(conn, docs: set[int], watermark: int, *, rebuild: set[in
     gone, and those of the lexemes of the document's chunks above `watermark` (cut since the last refresh).
     The chunk stage keeps a re-cut document's unchanged chunks (pipeline/chunks._swap), so a paragraph appended
     to a long document rewrites its last chunk's rows, not all of the document's: on 30 synthetic documents
-    ~2K rows instead of ~20K deleted and inserted. `rebuild`: documents whose rows are all recomputed (a chunk
-    updated in place keeps its id: neither test above sees it)."""
+    ~2K rows instead of ~20K deleted and inserted. A document that kept no chunk (new, deleted, renamed: a new
+    row) and those in `rebuild` (a chunk updated in place keeps its id: neither test above sees it) have all their
+    rows recomputed."""
     if not docs:
         return 0
     written = 0
-    full = [d for d in docs if d in rebuild]
+    # a document none of whose chunks was there before (new, renamed, deleted, cut again from the top): all its
+    # rows go and come from its chunks, the plain way; only one that kept chunks is worth the comparison
+    kept = {r[0] for r in conn.execute("SELECT DISTINCT document_id FROM chunks WHERE document_id = ANY(%s)"
+                                       " AND id <= %s", (list(docs), watermark))}
+    full = [d for d in docs if d in rebuild or d not in kept]
     if full:
         conn.execute("DELETE FROM document_terms WHERE document_id = ANY(%s)", (full,))
         written += conn.execute(_TERMS_SQL.format(where=" WHERE c.document_id = ANY(%s)"), (full,)).rowcount
-    part = [d for d in docs if d not in rebuild]
+    part = [d for d in docs if d not in rebuild and d in kept]
     if not part:
         return written
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS _terms_touched (lexeme text, document_id bigint, chunk_ids bigint[])"
