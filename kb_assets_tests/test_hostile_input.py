@@ -230,7 +230,7 @@ def test_a_document_whose_chunks_cannot_be_stored_is_skipped(tmp_path, db_url, c
         out = real(rows, **kw)
         # note-1's COPY data carries a byte sequence the server refuses (invalid UTF-8)
         bad_id = conn.execute("SELECT id FROM documents WHERE path = 'note-1.md'").fetchone()[0]
-        out.cut = [c if c[0] != bad_id else (c[0], c[1], c[2], c[3] + b"\xff\xfe\n") for c in out.cut]
+        out.cut = [c if c[0] != bad_id else (c[0], c[1], c[2] + b"\xff\xfe\n", c[3]) for c in out.cut]
         return out
 
     monkeypatch.setattr(chunks_mod, "_cut_batch", poisoned)

@@ -250,13 +250,16 @@ def _swap(conn: psycopg.Connection, cut: list[tuple[int, str, bytes, list[ChunkK
         rows: list[bytes] = []
         for doc_id, _hash, encoded, keys in swapped:
             old = stored.get(doc_id)
-            if not old:                     # first cut of this document (a first load): every row goes in
+            lines = encoded.split(b"\n") if old else []   # one line per chunk: COPY's text escapes newlines
+            if not old or len(lines) != len(keys) + 1:
+                # first cut of this document (a first load), or rows that are not one line per chunk: every
+                # old row goes, every new one goes in
+                gone.extend((old or {}).values())
                 rows.append(encoded)
                 stats.chunks_written += len(keys)
                 continue
             new = set(keys)
             gone.extend(chunk_id for key, chunk_id in old.items() if key not in new)
-            lines = encoded.split(b"\n")    # one line per chunk: COPY's text format escapes newlines in fields
             for key, line in zip(keys, lines):
                 if key in old:
                     stats.chunks_kept += 1
