@@ -206,8 +206,7 @@ def _index(args, run) -> int:
         elapsed = time.perf_counter() - started
         from kb_assets.store.status import source_status
 
-        rows = index_run.own_figures(source_status(     # this run's figures only
-            conn, keys, config=cfg, coverage={k: c for k, c in coverage.items() if c is not None}))
+        rows = index_run.own_figures(source_status(conn, keys, config=cfg, coverage=coverage))  # this run's only
         for r in rows:
             r["skipped_run"] = r["source"] in skipped_runs
             r["runner"] = runners.get(r["source"])

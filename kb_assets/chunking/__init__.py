@@ -22,9 +22,9 @@ has instead of re-counting each chunk; any other counter is called on every chun
 """
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from kb_assets.lazy_names import lazy_names
 from kb_assets.models import BLOCKS_VERSION, Chunk, SourceDocument
 
 __all__ = [
@@ -46,17 +46,7 @@ if TYPE_CHECKING:
     from kb_assets.chunking.tokens import CountTokens
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'kb_assets.chunking' has no attribute {name!r}")
-    value = getattr(import_module(f"kb_assets.chunking.{home}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOMES) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)
 
 
 # .ipynb: the reader renders a notebook as markdown (sources.notebooks)

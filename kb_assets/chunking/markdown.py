@@ -298,8 +298,6 @@ def _parse_view(text: str, lines: Lines) -> tuple[str, int, bool]:
     return parse_text, fm, lone_cr
 
 
-
-
 def view_blocks(text: str) -> tuple[list[Block], int, bool]:
     """(`block_structure` of the chunker's view of `text`, front-matter lines blanked, lone CRs blanked): the
     one scan of a markdown text in the documents stage, for the readers (textutil.headings) and documents.blocks

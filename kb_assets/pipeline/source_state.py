@@ -293,10 +293,10 @@ def pending_work(conn: psycopg.Connection, source_key: str, coverage: dict | Non
             "SELECT EXISTS (SELECT 1 FROM chunks c JOIN documents d ON d.id = c.document_id"
             " WHERE d.source_key = %s)", (source_key,)).fetchone()[0]
         return "chunks and no active vector space" if has_chunks else None
-    if coverage is not None and coverage.get("table") == active[2]:
-        missing = coverage["sources"].get(source_key, {}).get("without_vector", 0)
-    else:
-        missing = spaces.chunks_without_vector(conn, active[2], source_key)[1]
+    from kb_assets.store.health import source_counts
+
+    counts = source_counts(coverage, active[2], source_key) or spaces.chunks_without_vector(conn, active[2], source_key)
+    missing = counts[1]
     return f"{missing} chunks without a vector" if missing else None
 
 

@@ -10,8 +10,9 @@ does not import the query engine with it.
 """
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from kb_assets.lazy_names import lazy_names
 
 _HOMES = {
     "recall": "engine", "show": "engine", "RecallResult": "engine", "QueryError": "engine", "make_id": "engine",
@@ -29,14 +30,4 @@ if TYPE_CHECKING:
     from kb_assets.query.records import Record, estimate_tokens
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'kb_assets.query' has no attribute {name!r}")
-    value = getattr(import_module(f"kb_assets.query.{home}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)

@@ -88,6 +88,15 @@ def chunk_coverage(conn: psycopg.Connection, table: str | None) -> dict:
             "missing_hashes": missing_hashes}
 
 
+def source_counts(coverage: dict | None, table: str | None, source_key: str) -> tuple[int, int] | None:
+    """(chunks, chunks without a vector) of the source's active documents from a chunk_coverage taken of `table`;
+    None without one, or when it was taken of another space (the caller counts then)."""
+    if coverage is None or table is None or coverage.get("table") != table:
+        return None
+    row = coverage["sources"].get(source_key, {})
+    return row.get("chunks", 0), row.get("without_vector", 0)
+
+
 def parity_from(coverage: dict, active: tuple | None, source_key: str) -> dict:
     """parity() of one source, from a chunk_coverage of the active space."""
     row = coverage["sources"].get(source_key, {"chunks": 0, "without_vector": 0, "without_keywords": 0})

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import psycopg
 
-from kb_assets.store import spaces
+from kb_assets.store import health, spaces
 
 
 def git_head(root: str | Path) -> str | None:
@@ -52,12 +52,9 @@ def source_status(conn: psycopg.Connection, source_keys: list[str] | None = None
         counts = conn.execute(
             "SELECT count(*) FILTER (WHERE status = 'active'), count(*) FILTER (WHERE status = 'skipped')"
             " FROM documents WHERE source_key = %s", (key,)).fetchone()
-        cover = (coverage or {}).get(key)
-        if table and cover is not None and cover.get("table") == table:
-            row = cover["sources"].get(key, {"chunks": 0, "without_vector": 0})
-            chunks, embedded = row["chunks"], row["chunks"] - row["without_vector"]
-        elif table:
-            chunks, without = spaces.chunks_without_vector(conn, table, key)
+        if table:
+            chunks, without = (health.source_counts((coverage or {}).get(key), table, key)
+                               or spaces.chunks_without_vector(conn, table, key))
             embedded = chunks - without
         else:
             chunks = conn.execute(
