@@ -293,3 +293,25 @@ def test_a_killed_writers_temp_file_is_removed_once_stale(tmp_path):
     sync.apply({"index.dsl": "a | doc | A | a.md | active\n"})
     assert not stale.exists() and fresh.exists()
     assert (tmp_path / "index.dsl").read_text().startswith("a | doc")
+
+
+def test_squash_and_first_sentence_equal_their_regex_forms():
+    """Issue 14: the tier files' whitespace squashing (str.split) and sentence end (the mark scanned for first)
+    give what the substitution and the lookbehind-first pattern gave, on every kind of whitespace and end."""
+    import random
+    import re
+
+    from kb_assets.projections.render import first_sentence, squash
+
+    ws = re.compile(r"\s+")
+    end = re.compile(r"(?<=[a-z0-9)\]`'\"])[.!?](?=\s+[A-Z(`\"'])")
+    pieces = ["a", "Z", "0", ")", "]", "`", "'", '"', "(", ".", "!", "?", " ", "\t", "\n", "\r", "\x0b", "\x0c",
+              "\x1c", "\x1f", "\x85", "\xa0", "\u2003", "\u2028", "\u3000", "\u200b", "é", "É", "|", "word"]
+    rng = random.Random(14)
+    texts = ["", " ", "One. Two", "Done!  Next (x)", "e.g. This", "v1.2. Next", "A.\u00a0B", "end.\nNext"]
+    texts += ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 40))) for _ in range(20_000)]
+    for t in texts:
+        s = ws.sub(" ", t).strip()
+        assert squash(t) == s, repr(t)
+        m = end.search(s)
+        assert first_sentence(t) == (s[: m.start() + 1] if m else s), repr(t)

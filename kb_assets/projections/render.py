@@ -18,15 +18,22 @@ TITLE_CHARS = 80
 USE_WHEN_CHARS = 180
 PURPOSE_CHARS = 160
 CODE_DEFS = 8
-_WS = re.compile(r"\s+")
-_SENTENCE_END = re.compile(r"(?<=[a-z0-9)\]`'\"])[.!?](?=\s+[A-Z(`\"'])")
+# The end mark first, the lookbehind after it: the regex engine scans for the mark instead of trying every position
+# (the same matches as (?<=[a-z0-9)\]`'"])[.!?](?=\s+[A-Z(`"'])).
+_SENTENCE_END = re.compile(r"[.!?](?<=[a-z0-9)\]`'\"].)(?=\s+[A-Z(`\"'])")
+
+
+def squash(text: str) -> str:
+    """Whitespace runs as one space, none at the ends: re's \\s+ and str.split() agree on what is whitespace, and
+    the split is ~5x faster than a substitution (the tier files squash ~20,000 fields per 3,000 documents)."""
+    return " ".join(text.split())
 
 # Kinds that get no T0/T1 line: code has its own map (code/<source>.dsl).
 MAP_ONLY_KINDS = ("code",)
 
 
 def field_text(value: object, limit: int | None = None) -> str:
-    s = _WS.sub(" ", str(value or "")).strip().replace("|", "/")
+    s = squash(str(value or "")).replace("|", "/")
     if limit is not None and len(s) > limit:
         cut = s[: limit - 1]
         sp = cut.rfind(" ")
@@ -37,7 +44,7 @@ def field_text(value: object, limit: int | None = None) -> str:
 
 
 def first_sentence(text: str) -> str:
-    s = _WS.sub(" ", text or "").strip()
+    s = squash(text or "")
     m = _SENTENCE_END.search(s)
     return s[: m.start() + 1] if m else s
 
@@ -46,7 +53,7 @@ def use_when(e: Entry) -> str:
     """One line saying when to open the entry: its signpost summary's first sentence (the title's repetition
     dropped), else its first decision."""
     text = first_sentence(e.summary)
-    title = _WS.sub(" ", e.title).strip()
+    title = squash(e.title)
     if title and text.lower().startswith(title.lower()):
         text = text[len(title):].lstrip(" —–-:.").strip()
     if (len(text) < 12 or text.endswith(":")) and e.first_decision:
