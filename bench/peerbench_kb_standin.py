@@ -1,0 +1,62 @@
+"""`kb` for ../shared/peerbench with the harness's fixed-cost stand-in in place of kb's small-job encoder too.
+
+A supplementary, like-for-like figure, never the issue's: the harness's hook (peerbench/kb_hook) replaces
+`SentenceTransformer.encode` only, which kb uses for large jobs (a first load). A small pass (a modify, ~30 windows)
+encodes without torch (embedding/numpy_bert.py: loading torch costs more than the pass), so the hook never reaches
+it: kb's small passes pay the real model (~0.35 s of onnxruntime on two cores for 31 windows) where CocoIndex's pay
+the stand-in's 2 ms per text. This wrapper charges kb's torch-free encoders the same stand-in (pb_embed.FakeModel:
+a hash vector and PEERBENCH_FAKE_SLEEP s per text); everything else — the session set-up, the other stages, the
+process — is kb's own. It counts the texts in a stats file of the harness's own form, so `texts` is reported.
+
+    cd ../shared/peerbench && python bench.py --matrix kb:synth:fake,coco:synth:fake \\
+        --kb-cmd "<kb venv>/bin/python <repo>/bench/peerbench_kb_standin.py" ...
+
+Only for `embedder: fake` runs (PEERBENCH_EMBEDDER=fake); otherwise it is plain `kb`.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def _install() -> None:
+    peerbench = os.environ.get("PEERBENCH_DIR") or str(Path(__file__).resolve().parents[2] / "shared" / "peerbench")
+    sys.path.insert(0, peerbench)
+    import pb_embed
+
+    from kb_assets.embedding import numpy_bert
+
+    fake = pb_embed.FakeModel()
+    stats = {"embed_calls": 0, "texts_embedded": 0, "embed_seconds": 0.0}
+
+    def encode(self, texts):
+        t = time.perf_counter()
+        out = fake.encode(list(texts))
+        stats["embed_calls"] += 1
+        stats["texts_embedded"] += len(texts)
+        stats["embed_seconds"] += time.perf_counter() - t
+        return out
+
+    numpy_bert.OnnxBertEncoder.encode = encode
+    numpy_bert.NumpyBertEncoder.encode = encode
+
+    def dump() -> None:
+        path = os.environ.get("PEERBENCH_STATS")
+        if path and stats["embed_calls"]:
+            with open(f"{path}.{os.getpid()}-small", "w") as fh:
+                json.dump(stats, fh)
+
+    atexit.register(dump)
+
+
+if __name__ == "__main__":
+    if os.environ.get("PEERBENCH_EMBEDDER") == "fake":
+        _install()
+    sys.argv[0] = "kb"        # the console script's name: `kb index` ends as the installed command does
+    from kb_assets.cli import main
+
+    sys.exit(main())
