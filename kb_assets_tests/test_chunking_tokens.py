@@ -101,3 +101,37 @@ def test_estimate_is_close_on_prose_and_handles_cjk(raw_tokenizer):
     cjk = "这是一个没有空格的中文句子" * 10
     assert estimate_tokens([cjk])[0] >= len(cjk)          # a token per ideograph at least
     assert estimate_tokens(["", "one two three"]) == [0, 4]   # ceil(3 * 1.3)
+
+
+def test_pieces_kept_between_processes_give_the_same_counts_and_skip_the_tokenizer(raw_tokenizer, tmp_path):
+    """Issue 14: a new process starts with empty caches, so a small pass's cut asked the tokenizer again for the
+    pieces the first load had counted. Saved pieces (save_pieces) are loaded by a later counter of the same
+    tokenizer: the same numbers, and only pieces never seen go to the tokenizer. A torn, foreign or other
+    tokenizer's file adds nothing; a process that counted nothing new writes nothing."""
+    texts = [(FIXTURES / "pep-0616.rst").read_text(), "héllo wörld 日本語 ab€cd \ud800lone surrogate x\u0301y",
+             "a\x0bb c\x0cd \x1ce \x85f", "a" * 150 + " tail", "def f(x):\n    return x ** 2  # comment\n"]
+    texts += [p for p in texts[0].split("\n\n") if p.strip()]
+    first = make_token_counter()
+    want = first(texts)
+    assert want == _reference(raw_tokenizer, [t.encode("utf-8", "replace").decode() for t in texts])
+    file = tmp_path / "cache" / "pieces.bin"
+    assert first.save_pieces(file) and file.stat().st_size > 1000
+    assert not first.save_pieces(file)                    # nothing new since: not written again
+
+    second = make_token_counter()
+    assert second.digest == first.digest and second.load_pieces(file) == len(first._pieces)
+    asked: list[str] = []
+    piece_counts = second._piece_counts
+    second._piece_counts = lambda pieces: asked.extend(pieces) or piece_counts(pieces)
+    assert second(texts) == want and asked == []          # every piece known: the tokenizer not asked
+    assert second(["brandnewword zzqx"]) == _reference(raw_tokenizer, ["brandnewword zzqx"]) and asked
+    (tmp_path / "a_file").write_text("x")
+    assert second.save_pieces(tmp_path / "a_file" / "x.bin") is False   # a folder that cannot be made: no error
+    assert second.save_pieces(file) and make_token_counter().load_pieces(file) > len(first._pieces)   # grown
+
+    data = file.read_bytes()
+    for bad in (data[:40], data[:-3], b"kbpiece1" + b"\0" * 32 + data[40:], b"", b"garbage"):
+        file.write_bytes(bad)
+        fresh = make_token_counter()
+        assert fresh.load_pieces(file) == 0 and fresh(texts) == want
+    assert make_token_counter().load_pieces(tmp_path / "missing.bin") == 0

@@ -15,6 +15,7 @@ CJK character (BERT-style vocabularies have one piece per ideograph and there ar
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -33,6 +34,7 @@ _CJK = re.compile(
 _WORD_CACHE_LIMIT = 400_000     # distinct words kept (a fresh dict replaces a full one)
 _CACHEABLE_CHARS = 48           # longer words are counted but not kept
 _PARAGRAPH_CACHE_CHARS = 1_000_000   # paragraphs kept (characters; a fresh dict replaces a full one)
+_PIECES_MAGIC = b"kbpiece1"     # the saved pieces' format and counting version (TokenCounter.save_pieces)
 
 
 def estimate_tokens(texts: Iterable[str]) -> list[int]:
@@ -123,15 +125,86 @@ class TokenCounter:
     instead of one per word. The numbers are `encode_batch`'s.
     """
 
-    def __init__(self, tokenizer, *, word_additive: bool, added: tuple[str, ...] = ()):
+    def __init__(self, tokenizer, *, word_additive: bool, added: tuple[str, ...] = (), digest: str = ""):
         self.tokenizer = tokenizer
         self.word_additive = word_additive
+        self.digest = digest         # of the tokenizer's configuration and this counting: names saved pieces
         self._added = added          # "[SEP]", "[MASK]" ...: matched in raw text, before any splitting
         self._words: dict[str, int] = {}
         self._pieces: dict[str, int] = {}
+        self._pieces_loaded = 0
         self._paragraphs: dict[str, int] = {"": 0}
         self._paragraph_chars = 0
         self._encode = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
+
+    # ---- pieces kept between processes: a pass asks the tokenizer only for pieces no earlier pass counted
+    # (a small pass's cut of 30 synthetic documents spent 96 of its 139 ms counting pieces the first load had
+    # counted: a new process starts with empty caches). File: magic, digest, n, a check of the rest, then n
+    # uint16 counts and the n pieces joined by newlines (a piece is never whitespace).
+
+    def load_pieces(self, path: str | Path) -> int:
+        """Add the piece counts saved by save_pieces for this same tokenizer; how many. A missing, torn or other
+        tokenizer's file adds none (counts are then found as if it were not there)."""
+        import array
+        import sys
+
+        if not self.word_additive or not self.digest:
+            return 0
+        try:
+            data = Path(path).read_bytes()
+        except OSError:
+            return 0
+        head = _PIECES_MAGIC + bytes.fromhex(self.digest)
+        if not data.startswith(head) or len(data) < len(head) + 12:
+            return 0
+        n = int.from_bytes(data[len(head):len(head) + 4], "little")
+        body = memoryview(data)[len(head) + 12:]
+        if hashlib.blake2b(body, digest_size=8).digest() != data[len(head) + 4:len(head) + 12] or len(body) < 2 * n:
+            return 0                  # torn or altered
+        counts = array.array("H")
+        counts.frombytes(body[:2 * n])
+        if sys.byteorder == "big":
+            counts.byteswap()
+        try:
+            pieces = bytes(body[2 * n:]).decode("utf-8", "surrogatepass").split("\n") if n else []
+        except UnicodeError:
+            return 0
+        if len(pieces) != n or len(counts) != n:
+            return 0
+        known = dict(zip(pieces, counts))
+        known.update(self._pieces)
+        self._pieces = known
+        self._pieces_loaded = len(known)
+        return n
+
+    def save_pieces(self, path: str | Path) -> bool:
+        """Write the pieces counted so far (atomically; only when this process counted new ones, at most
+        _WORD_CACHE_LIMIT of them, each count < 65,536). False when there was nothing to write or it failed."""
+        import array
+        import os
+        import sys
+
+        pieces = {p: n for p, n in self._pieces.items() if n < 65536 and "\n" not in p}
+        if not self.word_additive or not self.digest or len(pieces) <= self._pieces_loaded:
+            return False
+        if len(pieces) > _WORD_CACHE_LIMIT:
+            return False
+        counts = array.array("H", pieces.values())
+        if sys.byteorder == "big":
+            counts.byteswap()
+        body = counts.tobytes() + "\n".join(pieces).encode("utf-8", "surrogatepass")
+        data = (_PIECES_MAGIC + bytes.fromhex(self.digest) + len(pieces).to_bytes(4, "little")
+                + hashlib.blake2b(body, digest_size=8).digest() + body)
+        path = Path(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except OSError:
+            return False
+        self._pieces_loaded = len(pieces)
+        return True
 
     def _encode_counts(self, texts: list[str]) -> list[int]:
         try:
@@ -274,6 +347,8 @@ def make_token_counter(tokenizer_json_path: str | Path | None = None) -> TokenCo
         raise ValueError(f"cannot load tokenizer {path}: {exc}") from exc
     tok.no_truncation()
     tok.no_padding()
-    spec = json.loads(tok.to_str())
+    text = tok.to_str()
+    spec = json.loads(text)
     added = tuple(a["content"] for a in spec.get("added_tokens") or () if a.get("content"))
-    return TokenCounter(tok, word_additive=_is_word_additive(spec), added=added)
+    digest = hashlib.sha256(f"{_PIECES_MAGIC.decode()}\n{text}".encode("utf-8", "surrogatepass")).hexdigest()
+    return TokenCounter(tok, word_additive=_is_word_additive(spec), added=added, digest=digest)

@@ -114,8 +114,24 @@ def _token_counter(path: Path):
         from kb_assets.chunking.tokens import make_token_counter
 
         tokenizer_json = path / "tokenizer.json"
-        counter = _COUNTERS[key] = make_token_counter(tokenizer_json if tokenizer_json.exists() else None)
+        counter = make_token_counter(tokenizer_json if tokenizer_json.exists() else None)
+        _keep_pieces(counter)
+        _COUNTERS[key] = counter
     return counter
+
+
+def _keep_pieces(counter) -> None:
+    """The pieces earlier processes counted with this tokenizer (KB cache folder), and this process's added to
+    them at its exit: a small pass's cut then asks the tokenizer only for the pieces it never saw."""
+    import atexit
+
+    from kb_assets.embedding.numpy_bert import onnx_cache_dir
+
+    if not counter.digest:
+        return
+    file = onnx_cache_dir() / f"token-pieces-{counter.digest[:24]}.bin"
+    counter.load_pieces(file)
+    atexit.register(counter.save_pieces, file)
 
 
 def _cpu_count() -> int:
