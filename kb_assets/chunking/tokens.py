@@ -184,7 +184,7 @@ class TokenCounter:
         import os
         import sys
 
-        pieces = {p: n for p, n in self._pieces.items() if n < 65536 and "\n" not in p}
+        pieces = {p: n for p, n in self._pieces.items() if n < 65536}
         if not self.word_additive or not self.digest or len(pieces) <= self._pieces_loaded:
             return False
         if len(pieces) > _WORD_CACHE_LIMIT:

@@ -1,11 +1,22 @@
 """The Embedder protocol, its result type and errors (no heavy imports here)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import numpy as np   # numpy is imported where vectors are handled: a pass with none (a delete, a rename) skips it
+
+
+def cache_dir() -> Path:
+    """The machine's KB cache folder, for files derived from a model (its ONNX graph, its tokenizer's piece
+    counts): $KB_CACHE_DIR, else $XDG_CACHE_HOME/kb, else ~/.cache/kb. Safe to delete."""
+    if os.environ.get("KB_CACHE_DIR"):
+        return Path(os.environ["KB_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kb"
 
 
 class EmbeddingError(Exception):

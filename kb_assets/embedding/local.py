@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kb_assets.embedding.base import EmbeddingError, EmbedResult, as_matrix, empty_result
+from kb_assets.embedding.base import EmbeddingError, EmbedResult, as_matrix, cache_dir, empty_result
 
 if TYPE_CHECKING:
     import numpy as np   # numpy is imported where vectors are handled: a pass with none (a delete, a rename) skips it
@@ -125,11 +125,9 @@ def _keep_pieces(counter) -> None:
     them at its exit: a small pass's cut then asks the tokenizer only for the pieces it never saw."""
     import atexit
 
-    from kb_assets.embedding.numpy_bert import onnx_cache_dir
-
     if not counter.digest:
         return
-    file = onnx_cache_dir() / f"token-pieces-{counter.digest[:24]}.bin"
+    file = cache_dir() / f"token-pieces-{counter.digest[:24]}.bin"
     counter.load_pieces(file)
     atexit.register(counter.save_pieces, file)
 

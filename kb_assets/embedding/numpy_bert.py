@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kb_assets.embedding.base import cache_dir
+
 log = logging.getLogger(__name__)
 
 _CACHE: dict[tuple, "NumpyBertEncoder | OnnxBertEncoder"] = {}
@@ -308,11 +310,8 @@ def model_digest(path: Path) -> str:
 
 
 def onnx_cache_dir() -> Path:
-    """$KB_CACHE_DIR, else $XDG_CACHE_HOME/kb, else ~/.cache/kb (a derived file: safe to delete)."""
-    if os.environ.get("KB_CACHE_DIR"):
-        return Path(os.environ["KB_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kb"
+    """Where the graphs are kept: the machine's KB cache folder (embedding/base.cache_dir)."""
+    return cache_dir()
 
 
 def build_onnx_graph(path: Path, *, fused_attention: bool = True) -> bytes:

@@ -25,7 +25,8 @@ _SENTENCE_END = re.compile(r"[.!?](?<=[a-z0-9)\]`'\"].)(?=\s+[A-Z(`\"'])")
 
 def squash(text: str) -> str:
     """Whitespace runs as one space, none at the ends: re's \\s+ and str.split() agree on what is whitespace, and
-    the split is ~5x faster than a substitution (the tier files squash ~20,000 fields per 3,000 documents)."""
+    the split is ~5x faster than a substitution (the tier files squash ~20,000 fields per 3,000 documents).
+    Not query.records.squash, which keeps a lone no-break space (any single whitespace but " ", tab, CR, LF) as is."""
     return " ".join(text.split())
 
 # Kinds that get no T0/T1 line: code has its own map (code/<source>.dsl).
