@@ -156,16 +156,21 @@ def test_lazy_imports_and_offline_load_in_a_fresh_process(tmp_path):
         small = e.embed_documents(["hello world"]).vectors        # a small job: the numpy encoder
         out["after_small_embed"] = [m for m in heavy if m in sys.modules]
         from kb_assets.embedding.local import SMALL_JOB_TEXTS
-        big = e.embed_documents(["hello world"] * (SMALL_JOB_TEXTS + 1)).vectors   # past it: torch
+        big = e.embed_documents(["hello world"] * (SMALL_JOB_TEXTS + 1)).vectors   # a large job: onnxruntime
+        out["after_big_embed"] = [m for m in heavy if m in sys.modules]
+        os.environ["KB_DOCUMENT_ENCODER"] = "torch"
+        on_torch = e.embed_documents(["hello world"]).vectors
         out["after_embed"] = [m for m in heavy if m in sys.modules]
-        out["small_vs_torch_cosine"] = float((small[0] * big[0]).sum())
+        out["small_vs_torch_cosine"] = float((small[0] * on_torch[0]).sum())
+        out["big_vs_torch_cosine"] = float((big[0] * on_torch[0]).sum())
         out["offline"] = [os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE")]
         import torch
         out["threads"] = torch.get_num_threads()
         out["hf_cache"] = os.listdir(os.environ["HF_HOME"])
         print(json.dumps(out))
     """)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_", "VOYAGE_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HF_", "TRANSFORMERS_", "VOYAGE_")) and k != "KB_DOCUMENT_ENCODER"}
     env["HF_HOME"] = str(tmp_path / "hf")
     (tmp_path / "hf").mkdir()
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=180)
@@ -174,37 +179,57 @@ def test_lazy_imports_and_offline_load_in_a_fresh_process(tmp_path):
     assert out["after_import"] == [] and out["after_count"] == []
     assert out["counts"][:2] == [2, 3] and out["max_tokens"] == 254
     assert out["dim"] == 384 and out["after_query"] == []
-    assert out["after_small_embed"] == []
+    assert out["after_small_embed"] == [] and out["after_big_embed"] == []
     assert "torch" in out["after_embed"] and "sentence_transformers" in out["after_embed"]
     assert out["small_vs_torch_cosine"] >= 0.9999     # same weights, same vector
+    assert out["big_vs_torch_cosine"] >= 0.9999
     assert "voyageai" not in out["after_embed"]
     assert out["offline"] == ["1", "1"]
     assert 1 <= out["threads"] <= (len(os.sched_getaffinity(0)))
     assert out["hf_cache"] == []          # nothing was downloaded or cached
 
 
-def test_warm_up_loads_the_model_in_a_thread_once(monkeypatch):
+def test_warm_up_readies_the_encoder_in_a_thread_once(monkeypatch):
+    """A first load's warm-up creates the onnxruntime session without importing torch; with
+    KB_DOCUMENT_ENCODER=torch it loads sentence-transformers' model instead. One warm-up at a time."""
+    from kb_assets.embedding import numpy_bert
+
     monkeypatch.setattr(local_mod, "_MODEL_CACHE", {})
+    monkeypatch.setattr(numpy_bert, "_CACHE", {})
+    monkeypatch.delenv(local_mod.DOCUMENT_ENCODER_ENV, raising=False)
     e = LocalEmbedder()
     thread = e.warm_up()
     assert thread is not None and thread.name == "kb-model-warm-up"
     assert e.warm_up() is None or not thread.is_alive()   # one warm-up at a time
     thread.join(timeout=300)
+    assert not e.loaded and (str(e.path.resolve()), "onnx-documents") in numpy_bert._CACHE
+    assert e.document_encoder(local_mod.SMALL_JOB_TEXTS + 1) == "numpy"
+
+    monkeypatch.setenv(local_mod.DOCUMENT_ENCODER_ENV, "torch")
+    thread = e.warm_up()
+    assert thread is not None
+    thread.join(timeout=300)
     assert e.loaded and e.warm_up() is None               # loaded: nothing to do
+    monkeypatch.delenv(local_mod.DOCUMENT_ENCODER_ENV)
     assert e.document_encoder(3) == "torch"               # and the embed calls use it
 
 
-def test_a_first_loads_warm_up_caches_the_small_job_graph_in_a_child_process(monkeypatch, tmp_path):
-    """On a new machine the first small pass after a first load built the onnxruntime graph itself (peerbench's
-    modify pass: 8.6 s and 476 MB peak RSS, against ~4-5 s and ~230 MB with the graph cached). The first load's
-    warm-up now has a child process cache it beside the model load — never this process (its memory stays as it
-    was) — and does nothing once it is cached, or when every document job runs on torch."""
+def test_a_first_loads_warm_up_builds_the_graph_in_a_child_process(monkeypatch, tmp_path):
+    """On a new machine the document encoder's onnxruntime graph is built once, by a child process of the first
+    load's warm-up — never in the indexing process (the build peaks ~250 MB above its process) — and the warm-up
+    then opens the session on the cached file. Nothing is built once it is cached, or when every document job runs
+    on torch."""
     from kb_assets.embedding import numpy_bert
 
-    def not_here(*_a, **_k):
-        raise AssertionError("the graph was built in the indexing process")
+    real = numpy_bert.cached_onnx_model
+    built_here = []
 
-    monkeypatch.setattr(numpy_bert, "cached_onnx_model", not_here)
+    def only_cached(path):
+        if numpy_bert.onnx_graph_cached(path) is not True:
+            built_here.append(path)
+        return real(path)
+
+    monkeypatch.setattr(numpy_bert, "cached_onnx_model", only_cached)
     monkeypatch.setattr(local_mod, "load_model", lambda path: None)
     for folder, forced in ((tmp_path / "default", None), (tmp_path / "torch", "torch")):
         monkeypatch.setenv("KB_CACHE_DIR", str(folder))
@@ -213,6 +238,7 @@ def test_a_first_loads_warm_up_caches_the_small_job_graph_in_a_child_process(mon
         else:
             monkeypatch.delenv(local_mod.DOCUMENT_ENCODER_ENV, raising=False)
         monkeypatch.setattr(local_mod, "_MODEL_CACHE", {})
+        monkeypatch.setattr(numpy_bert, "_CACHE", {})
         e = LocalEmbedder()
         assert numpy_bert.onnx_graph_cached(e.path) is False
         e.warm_up().join(timeout=300)
@@ -220,6 +246,8 @@ def test_a_first_loads_warm_up_caches_the_small_job_graph_in_a_child_process(mon
             assert not folder.exists() and numpy_bert.onnx_graph_cached(e.path) is False
             continue
         assert numpy_bert.onnx_graph_cached(e.path) is True
+        assert (str(e.path.resolve()), "onnx-documents") in numpy_bert._CACHE     # the session, on that file
+        assert built_here == []
         [graph] = folder.glob("*.onnx")
         assert graph.stat().st_size > 30_000_000 and not list(folder.glob("*.tmp"))
         assert graph.read_bytes() == numpy_bert.build_onnx_graph(e.path)    # whole, the graph itself

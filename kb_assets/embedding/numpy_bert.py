@@ -127,16 +127,16 @@ def encoder_for(path: Path, runtime_name: str | None = None):
     return enc
 
 
-# A small document job (a re-run that changed a few files) of at least this many texts takes onnxruntime on every
-# core: its session costs ~0.3 s (the graph is cached on disk), and its forward pass on two threads is ~2x
-# numpy's single-threaded one on full-window chunks (docs/BENCHMARKS.md, "Small passes without a Dagster run").
+# A document job of at least this many texts takes onnxruntime on every core: its session costs ~0.1-0.3 s (the
+# graph is cached on disk), and its forward pass on two threads is ~2x numpy's single-threaded one on full-window
+# chunks (docs/BENCHMARKS.md, "Small passes without a Dagster run") and ~1.7x torch's on a first load's batches.
 ONNX_DOCUMENT_MIN_TEXTS = 8
 
 
 def document_encoder_for(path: Path, n_texts: int):
-    """The torch-free encoder for a small document job: onnxruntime with one thread per core when it is
-    installed and the job pays for its session, else numpy (one BLAS thread). Same weights, vectors within
-    ~1e-6 of each other and of torch's."""
+    """The torch-free encoder for a document job: onnxruntime with one thread per core when it is installed and
+    the job pays for its session, else numpy (one BLAS thread). Same weights, vectors within ~1e-6 of each other
+    and of torch's."""
     if n_texts < ONNX_DOCUMENT_MIN_TEXTS or not _onnxruntime_installed():
         return encoder_for(path, "numpy")
     key = (str(Path(path).resolve()), "onnx-documents")

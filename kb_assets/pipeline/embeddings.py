@@ -168,7 +168,7 @@ _ahead: dict[tuple[str, int], list[Future]] = {}
 _ahead_texts: dict[tuple[str, int], int] = {}
 _ahead_lock = threading.Lock()
 # At most this many texts are encoded ahead per stage: a small change's. A larger one is the embedding stage's
-# to batch (for the local model, past 64 texts in one call it takes torch: embedding/local.py).
+# to batch, in calls it sizes and writes as they return (a kill loses at most one batch).
 AHEAD_MAX_TEXTS = 64
 
 
