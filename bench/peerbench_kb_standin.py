@@ -1,12 +1,12 @@
-"""`kb` for ../shared/peerbench with the harness's fixed-cost stand-in in place of kb's small-job encoder too.
+"""`kb` for ../shared/peerbench with the harness's fixed-cost stand-in in place of kb's document encoders.
 
-A supplementary, like-for-like figure, never the issue's: the harness's hook (peerbench/kb_hook) replaces
-`SentenceTransformer.encode` only, which kb uses for large jobs (a first load). A small pass (a modify, ~30 windows)
-encodes without torch (embedding/numpy_bert.py: loading torch costs more than the pass), so the hook never reaches
-it: kb's small passes pay the real model (~0.35 s of onnxruntime on two cores for 31 windows) where CocoIndex's pay
-the stand-in's 2 ms per text. This wrapper charges kb's torch-free encoders the same stand-in (pb_embed.FakeModel:
-a hash vector and PEERBENCH_FAKE_SLEEP s per text); everything else — the session set-up, the other stages, the
-process — is kb's own. It counts the texts in a stats file of the harness's own form, so `texts` is reported.
+The harness's hook (peerbench/kb_hook) replaces `SentenceTransformer.encode` only. kb encodes documents without
+torch (embedding/local.py: onnxruntime for every job since c3abb37, small jobs only before), so the hook never
+reaches kb's encoder: with plain `kb`, kb pays the real model (~10 ms per full window of onnxruntime on two cores)
+where CocoIndex pays the stand-in's 2 ms per text. This wrapper charges kb's torch-free encoders the same stand-in
+(pb_embed.FakeModel: a hash vector and PEERBENCH_FAKE_SLEEP s per text); everything else — the session set-up, the
+other stages, the process — is kb's own. It counts the texts in a stats file of the harness's own form, so `texts`
+is reported.
 
     cd ../shared/peerbench && python bench.py --matrix kb:synth:fake,coco:synth:fake \\
         --kb-cmd "<kb venv>/bin/python <repo>/bench/peerbench_kb_standin.py" ...
