@@ -252,3 +252,35 @@ def test_a_first_loads_warm_up_builds_the_graph_in_a_child_process(monkeypatch, 
         assert graph.stat().st_size > 30_000_000 and not list(folder.glob("*.tmp"))
         assert graph.read_bytes() == numpy_bert.build_onnx_graph(e.path)    # whole, the graph itself
         assert e._cache_graph_aside() is None      # cached: no child the next time
+
+
+def test_a_hanging_graph_child_does_not_hold_up_the_first_load(monkeypatch, tmp_path, caplog):
+    """Embed calls wait for the warm-up, and the warm-up for the graph-caching child: a child that hangs is stopped
+    after GRAPH_CHILD_TIMEOUT_S, said once, and the session is opened anyway (the graph built in this process)."""
+    import subprocess
+    import sys
+    import time
+
+    from kb_assets.embedding import numpy_bert
+
+    monkeypatch.setenv("KB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(local_mod.DOCUMENT_ENCODER_ENV, raising=False)
+    monkeypatch.setattr(local_mod, "_MODEL_CACHE", {})
+    monkeypatch.setattr(numpy_bert, "_CACHE", {})
+    monkeypatch.setattr(local_mod, "GRAPH_CHILD_TIMEOUT_S", 1)
+    children = []
+
+    def hanging_child(self):
+        children.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]))
+        return children[-1]
+
+    monkeypatch.setattr(LocalEmbedder, "_cache_graph_aside", hanging_child)
+    e = LocalEmbedder()
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger=local_mod.__name__):
+        e.warm_up().join(timeout=300)
+    assert time.monotonic() - started < 120
+    assert children and children[0].poll() is not None                 # stopped, and reaped
+    assert any("ran past 1 s" in r.getMessage() for r in caplog.records)
+    assert (str(e.path.resolve()), "onnx-documents") in numpy_bert._CACHE
+    assert numpy_bert.onnx_graph_cached(e.path) is True

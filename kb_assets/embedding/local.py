@@ -34,6 +34,7 @@ SMALL_JOB_TEXTS = 64                        # calls up to this size skip torch e
 DOCUMENT_ENCODER_ENV = "KB_DOCUMENT_ENCODER"   # "torch": always sentence-transformers for documents
 ENCODE_CALL_TEXTS = 2                       # texts per call of the torch-free encoder (see _encode_numpy)
 _WARMING: threading.Thread | None = None    # the warm-up thread while it loads the model
+GRAPH_CHILD_TIMEOUT_S = 300                 # the graph-caching child takes ~1-2 s; past this it is stopped
 
 
 def _documents_on_torch() -> bool:
@@ -183,6 +184,20 @@ def load_model(path: Path):
         return model
 
 
+def _wait_for_graph(child) -> None:
+    """Wait for the graph-caching child; one that hangs is stopped after GRAPH_CHILD_TIMEOUT_S (embed calls wait
+    for the warm-up, so a first load must not wait forever: the session then builds the graph itself)."""
+    import subprocess
+
+    try:
+        child.wait(timeout=GRAPH_CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        log.warning("the ONNX graph's child process ran past %d s: stopped; the encoder builds the graph itself",
+                    GRAPH_CHILD_TIMEOUT_S)
+        child.kill()
+        child.wait()
+
+
 class LocalEmbedder:
     """Embedder over a local sentence-transformers model folder (default: bundled all-MiniLM-L6-v2, 384-d),
     encoded without torch where the folder allows (the module docstring)."""
@@ -266,14 +281,14 @@ class LocalEmbedder:
                 from kb_assets.embedding import numpy_bert
 
                 if graph is not None:     # the session reads the cached graph: never built in this process
-                    graph.wait()
+                    _wait_for_graph(graph)
                     graph = None
                 numpy_bert.document_encoder_for(self.path, SMALL_JOB_TEXTS + 1)
         except Exception:   # the embedding stage's own load reports it
             pass
         finally:
             if graph is not None:
-                graph.wait()
+                _wait_for_graph(graph)
             _WARMING = None
 
     @staticmethod
