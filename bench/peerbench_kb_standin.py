@@ -47,7 +47,7 @@ def _install() -> None:
     def dump() -> None:
         path = os.environ.get("PEERBENCH_STATS")
         if path and stats["embed_calls"]:
-            with open(f"{path}.{os.getpid()}-small", "w") as fh:
+            with open(f"{path}.{os.getpid()}-standin", "w") as fh:
                 json.dump(stats, fh)
 
     atexit.register(dump)

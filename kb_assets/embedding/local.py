@@ -272,23 +272,19 @@ class LocalEmbedder:
 
     def _warm(self) -> None:
         global _WARMING
-        graph = None
         try:
-            graph = self._cache_graph_aside()
-            if self.document_encoder(SMALL_JOB_TEXTS + 1) == "torch":
+            if self.document_encoder(SMALL_JOB_TEXTS + 1) == "torch":    # then no graph is wanted either
                 load_model(self.path)
             else:
                 from kb_assets.embedding import numpy_bert
 
-                if graph is not None:     # the session reads the cached graph: never built in this process
+                graph = self._cache_graph_aside()     # the session reads the cached graph: never built here
+                if graph is not None:
                     _wait_for_graph(graph)
-                    graph = None
                 numpy_bert.document_encoder_for(self.path, SMALL_JOB_TEXTS + 1)
         except Exception:   # the embedding stage's own load reports it
             pass
         finally:
-            if graph is not None:
-                _wait_for_graph(graph)
             _WARMING = None
 
     @staticmethod
@@ -340,11 +336,8 @@ class LocalEmbedder:
             return "torch"
         from kb_assets.embedding import numpy_bert
 
-        if not numpy_bert.supports(self.path):
-            return "torch"
-        if n_texts <= SMALL_JOB_TEXTS:
-            return "numpy"
-        return "numpy" if numpy_bert.onnx_graph_cached(self.path) is not None else "torch"
+        usable = numpy_bert.supports(self.path) if n_texts <= SMALL_JOB_TEXTS else numpy_bert.graph_wanted(self.path)
+        return "numpy" if usable else "torch"
 
     def _encode_in_length_order(self, texts: list[str], counts: list[int]) -> np.ndarray:
         """Documents on sentence-transformers, in batches of texts of about the same length in word pieces.

@@ -473,9 +473,9 @@ def _known_digest(path: Path, *, remember: bool = False) -> str:
     return digest
 
 
-def _graph_wanted(path: Path) -> bool:
-    """A folder this encoder reproduces, and onnxruntime installed — asked without importing it (~18 MB): a first
-    load's process never needs onnxruntime itself."""
+def graph_wanted(path: Path) -> bool:
+    """A folder this encoder reproduces, and onnxruntime installed — asked without importing it (~18 MB) and
+    without the model's digest: whether document jobs of any size can run torch-free (LocalEmbedder.document_encoder)."""
     import importlib.util
 
     return supports(path) and importlib.util.find_spec("onnxruntime") is not None
@@ -485,14 +485,14 @@ def onnx_graph_cached(path: Path) -> bool | None:
     """Whether the model's onnxruntime graph is cached; None when no graph would be used (onnxruntime missing, or
     a model folder this encoder does not reproduce)."""
     path = Path(path)
-    return _graph_file(path).is_file() if _graph_wanted(path) else None
+    return _graph_file(path).is_file() if graph_wanted(path) else None
 
 
 def ensure_onnx_graph(path: str | Path) -> bool:
     """Build and cache the model's graph unless it is cached already (a first load's warm-up runs this in a child
     process: LocalEmbedder._cache_graph_aside). True when the cached file is there afterwards."""
     path = Path(path)
-    return _graph_wanted(path) and isinstance(cached_onnx_model(path), Path)
+    return graph_wanted(path) and isinstance(cached_onnx_model(path), Path)
 
 
 def _give_back_freed_memory() -> None:
