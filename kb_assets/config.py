@@ -140,6 +140,9 @@ class SourceConfig(_Strict):
     # branch) and an optional remote fetched on each sensor tick (then <remote>/<branch> is indexed).
     branch: str | None = None
     remote: str | None = None
+    # false: the folder is listed by walking it even inside a git work tree (untracked and ignored files
+    # included, no commit recorded, no git process started); for folders whose files are not what git tracks
+    use_git: bool = True
 
     @field_validator("key")
     @classmethod
@@ -161,6 +164,8 @@ class SourceConfig(_Strict):
     def _remote_needs_head(self) -> "SourceConfig":
         if (self.remote or self.branch) and self.content != "HEAD":
             raise ValueError("branch/remote need content: HEAD (fetching never changes the working tree)")
+        if not self.use_git and self.content == "HEAD":
+            raise ValueError("use_git: false lists the working tree: it needs content: worktree")
         return self
 
     @field_validator("include", "exclude")
@@ -339,6 +344,10 @@ def check_environment(cfg: KbConfig, *, need_sources: bool = True) -> None:
 
 
 def _git_toplevel(cwd: Path) -> Path | None:
+    from kb_assets.sources.gitutil import outside_any_repository
+
+    if outside_any_repository(cwd):
+        return None
     try:
         out = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=cwd, capture_output=True,
                              text=True, timeout=10)

@@ -220,6 +220,26 @@ def test_git_subfolder_root_and_ignored_root(repo):
     assert [e.path for e in walked.files] == ["x.md"] and walked.commit is None
 
 
+def test_use_git_false_walks_a_work_tree_and_needs_worktree_content(repo):
+    """use_git: false lists the folder as a plain folder: git-ignored files too, no commit, not a git source
+    for the sensors; with content: HEAD it is a configuration error (HEAD is git's)."""
+    from pydantic import ValidationError
+
+    from kb_assets.config import KbConfig
+    from kb_assets.sources.watch import is_git_source
+
+    write(repo / "docs/new.md", "N " + BODY)                # untracked
+    walked = list_source(repo, src(repo, include=["docs/**", "ignored/**"], use_git=False))
+    assert [e.path for e in walked.files] == ["docs/a.md", "docs/b.md", "docs/c.md", "docs/new.md", "ignored/x.md"]
+    assert walked.commit is None and walked.complete
+    by_git = list_source(repo, src(repo, include=["docs/**", "ignored/**"]))
+    assert "ignored/x.md" not in [e.path for e in by_git.files] and by_git.commit == head_commit(repo)
+    cfg = KbConfig.model_validate({"sources": [src(repo, use_git=False).model_dump()]})
+    assert not is_git_source(cfg, cfg.sources[0])
+    with pytest.raises(ValidationError, match="use_git: false lists the working tree"):
+        src(repo, use_git=False, content="HEAD")
+
+
 def test_committed_symlinks_in_head_mode(repo, tmp_path):
     os.symlink("a.md", repo / "docs/alias.md")
     os.symlink("../../outside.md", repo / "docs/escape.md")

@@ -133,7 +133,7 @@ def source_fingerprint(cfg: KbConfig, source: SourceConfig) -> SourceState:
         listing = None
         h = hashlib.sha256()
         if (discovery.source_enabled(source) and source.content == "HEAD" and root.is_dir()
-                and not discovery.refused_repository(root) and discovery._git_mode(root)):
+                and not discovery.refused_repository(root) and discovery._git_mode(root, source)):
             commit = discovery.tip_commit(root, source)
             details.update(mode="git-commit", commit=commit)
             if commit is None:

@@ -25,9 +25,11 @@ EXCLUDE = ["**/LICEN*"]
 
 def source_config(key: str = "regression") -> dict[str, Any]:
     """The kb.yaml `sources` entry that indexes the regression corpus: one mixed tree, kinds classified per
-    file (kind "code" with auto_kind: .py files stay code, README.md is a readme, the ADRs are documents)."""
+    file (kind "code" with auto_kind: .py files stay code, README.md is a readme, the ADRs are documents).
+    Walked, never listed by git: the corpus is package data, the same files in a wheel as in a checkout, and
+    git's five processes would start on every first load (each briefly the size of the indexing process)."""
     return {"key": key, "kind": "code", "root": str(CORPUS_DIR), "include": list(INCLUDE),
-            "exclude": list(EXCLUDE), "auto_kind": True}
+            "exclude": list(EXCLUDE), "auto_kind": True, "use_git": False}
 
 
 def load_queries() -> list[dict[str, Any]]:

@@ -241,8 +241,9 @@ def _inside(path: Path, root: Path) -> bool:
     return path == root or path.is_relative_to(root)
 
 
-def _git_mode(root: Path) -> bool:
-    return work_tree_top(root) is not None and not root_is_ignored(root)
+def _git_mode(root: Path, source: SourceConfig) -> bool:
+    """Listed by git: the source lets it (use_git) and root is in a work tree that does not ignore it."""
+    return source.use_git and work_tree_top(root) is not None and not root_is_ignored(root)
 
 
 def list_source(root: Path, source: SourceConfig) -> Listing:
@@ -257,10 +258,10 @@ def list_source(root: Path, source: SourceConfig) -> Listing:
         return Listing([], [Skip(".", "unreadable", f"source root {root} is not a folder")], None, False)
     check_root(root, source)     # never list / or the home folder by accident (kb.yaml says it first)
     col = _Collector(root, source)
-    refused = refused_repository(root)
+    refused = refused_repository(root) if source.use_git else None
     if refused:   # a repository git will not read: say so, index nothing, prune nothing
         return Listing([], [Skip(".", "unreadable", refused)], None, False)
-    if _git_mode(root):
+    if _git_mode(root, source):
         try:
             if source.content == "HEAD":
                 commit = tip_commit(root, source)
@@ -287,7 +288,7 @@ def list_paths(root: Path, source: SourceConfig, paths: list[str]) -> Listing:
     if not source_enabled(source) or not root.is_dir():
         return col.listing(None)
     paths = sorted({p.strip("/") for p in paths if p and p.strip("/")})
-    if source.content == "HEAD" and _git_mode(root):
+    if source.content == "HEAD" and _git_mode(root, source):
         commit = tip_commit(root, source)
         if commit is None:
             return col.listing(None)
@@ -296,7 +297,7 @@ def list_paths(root: Path, source: SourceConfig, paths: list[str]) -> Listing:
         return col.listing(commit)
     for p in paths:
         col.consider_worktree_file(p)
-    return col.listing(head_commit(root) if _git_mode(root) else None)
+    return col.listing(head_commit(root) if _git_mode(root, source) else None)
 
 
 def _list_head(col: _Collector, commit: str, only: list[str] | None) -> None:
@@ -433,7 +434,7 @@ def changes_since(root: Path, source: SourceConfig, old_commit: str) -> GitChang
     """Committed changes under root between old_commit and HEAD (include/exclude applied), or None when a
     full listing is needed (see the module docstring)."""
     root = Path(root)
-    if source.content != "HEAD" or not _git_mode(root) or not source_enabled(source):
+    if source.content != "HEAD" or not _git_mode(root, source) or not source_enabled(source):
         return None
     if not commit_exists(root, old_commit):
         return None

@@ -50,8 +50,25 @@ def is_sha(s: str) -> bool:
     return bool(_SHA_RE.match(s))
 
 
+def outside_any_repository(path: Path | str) -> bool:
+    """True when git can find no repository for `path`: no folder from it up to / holds a `.git` entry or
+    a `HEAD` file (what a bare repository or a git directory has). git's discovery walks up the same
+    folders (GIT_DIR and GIT_WORK_TREE are never passed on: git_env), so asking it there only costs a
+    process — four of them, ~5 ms each, on every small pass of a folder source. False means "ask git"."""
+    try:
+        p = Path(path).resolve()
+    except (OSError, RuntimeError):
+        return False
+    for folder in (p, *p.parents):
+        if os.path.lexists(folder / ".git") or os.path.lexists(folder / "HEAD"):
+            return False
+    return True
+
+
 def work_tree_top(root: Path) -> Path | None:
     """The top of the git work tree that contains root, or None (not git, bare, inside .git, no git)."""
+    if outside_any_repository(root):
+        return None
     try:
         p = run_git(root, "rev-parse", "--is-inside-work-tree", "--show-toplevel", check=False, timeout=30)
     except GitError:
@@ -66,6 +83,8 @@ def work_tree_top(root: Path) -> Path | None:
 
 def root_is_ignored(root: Path) -> bool:
     """True when root sits in a git-ignored folder (its files are then listed by walking)."""
+    if outside_any_repository(root):
+        return False
     try:
         p = run_git(root, "check-ignore", "-q", ".", check=False, timeout=30)
     except GitError:
@@ -74,6 +93,8 @@ def root_is_ignored(root: Path) -> bool:
 
 
 def head_commit(root: Path) -> str | None:
+    if outside_any_repository(root):
+        return None
     try:
         p = run_git(root, "rev-parse", "--verify", "-q", "HEAD^{commit}", check=False, timeout=30)
     except GitError:
@@ -360,6 +381,8 @@ def refused_repository(root: Path) -> str | None:
     bind-mounted checkout in a container), as one line with the fix; None when git reads it or there is no
     repository. Without this check such a root looks like a plain folder and is walked: content HEAD
     ignored, untracked files indexed, no commit, and the sensor never fires."""
+    if outside_any_repository(root):
+        return None
     try:
         p = run_git(root, "rev-parse", "--git-dir", check=False, timeout=30)
     except GitError:

@@ -30,7 +30,7 @@ class Tip:
 def is_git_source(cfg: KbConfig, source: SourceConfig) -> bool:
     """Listed by git (its root is inside a work tree that does not ignore it)."""
     root = cfg.source_root(source)
-    return root.is_dir() and discovery._git_mode(root)
+    return root.is_dir() and discovery._git_mode(root, source)
 
 
 def source_branch(root: Path, source: SourceConfig) -> str | None:

@@ -6,10 +6,13 @@ from pathlib import Path
 
 import psycopg
 
+from kb_assets.sources.gitutil import outside_any_repository
 from kb_assets.store import health, spaces
 
 
 def git_head(root: str | Path) -> str | None:
+    if outside_any_repository(root):
+        return None
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                              timeout=10)
@@ -31,7 +34,9 @@ def source_status(conn: psycopg.Connection, source_keys: list[str] | None = None
         from kb_assets.sources.discovery import tip_commit
 
         for s in config.sources:
-            if s.branch or s.remote:
+            if not s.use_git:         # walked even inside a work tree: no commit to be fresh against
+                tips[s.key] = None
+            elif s.branch or s.remote:
                 tips[s.key] = tip_commit(config.source_root(s), s)
     table = None
     if model and dimension:
