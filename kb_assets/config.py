@@ -8,7 +8,6 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-import subprocess
 from pathlib import Path
 from typing import Any, Literal
 
@@ -343,23 +342,12 @@ def check_environment(cfg: KbConfig, *, need_sources: bool = True) -> None:
                           "export GEMINI_API_KEY=... or set 'signposter: extractive'")
 
 
-def _git_toplevel(cwd: Path) -> Path | None:
-    from kb_assets.sources.gitutil import outside_any_repository
-
-    if outside_any_repository(cwd):
-        return None
-    try:
-        out = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=cwd, capture_output=True,
-                             text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return Path(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
-
-
 def default_config(cwd: Path | None = None) -> KbConfig:
     """No kb.yaml: index the current git repository's docs and code (or the current folder)."""
+    from kb_assets.sources.gitutil import work_tree_top
+
     cwd = (cwd or Path.cwd()).resolve()
-    top = _git_toplevel(cwd) or cwd
+    top = work_tree_top(cwd) or cwd
     data = {
         "data_dir": str(top / ".kb"),
         "sources": [

@@ -1,24 +1,12 @@
 """What `kb status` and the Dagster checks read: per-source counts, skips with reasons, freshness."""
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import psycopg
 
-from kb_assets.sources.gitutil import outside_any_repository
+from kb_assets.sources.gitutil import head_commit
 from kb_assets.store import health, spaces
-
-
-def git_head(root: str | Path) -> str | None:
-    if outside_any_repository(root):
-        return None
-    try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def source_status(conn: psycopg.Connection, source_keys: list[str] | None = None,
@@ -83,7 +71,7 @@ def source_status(conn: psycopg.Connection, source_keys: list[str] | None = None
         reasons: dict[str, int] = {}
         for s in skipped:
             reasons[s["reason"]] = reasons.get(s["reason"], 0) + 1
-        head = tips[key] if key in tips else git_head(root) if Path(root).is_dir() else None
+        head = tips[key] if key in tips else head_commit(Path(root)) if Path(root).is_dir() else None
         result.append({
             "source": key, "kind": kind, "root": root,
             "documents": counts[0], "chunks": chunks, "embedded": embedded,
